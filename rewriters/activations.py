@@ -1,0 +1,82 @@
+"""Naming the function an activation chain computes, as an ONNX recurrent activation.
+
+A chain is identified by its values, not by its op types: the chain is evaluated on probe
+points and compared with each activation ONNX's LSTM/GRU/RNN accept, fitting alpha/beta
+where the activation has them. So Keras 3's ``relu6(x + 3) / 6`` and tf_keras's
+``clip(0.2 x + 0.5, 0, 1)`` both come out as HardSigmoid, each with its own alpha.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from .evaluate import NotEvaluable
+from .layer import Activation, NoMatch
+
+_PROBES = np.concatenate([
+    np.linspace(-12.0, 12.0, 2401),
+    np.array([-1e-3, 1e-3, -0.5, 0.5, 2.5, -2.5, 3.0, -3.0]),
+]).astype(np.float32)
+_TOLERANCE = 2e-6
+
+
+def _sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def _candidates(f: Callable[[np.ndarray], np.ndarray]):
+    """Yield (Activation, reference function) pairs, parameters fitted from ``f``."""
+    yield Activation("Tanh"), np.tanh
+    yield Activation("Sigmoid"), _sigmoid
+    yield Activation("Relu"), lambda x: np.maximum(x, 0)
+    yield Activation("Softsign"), lambda x: x / (1 + np.abs(x))
+    yield Activation("Softplus"), lambda x: np.logaddexp(x, 0)
+
+    one = np.float32(1.0)
+    f0, f1, fm1 = (float(v) for v in f(np.array([0.0, one, -one], np.float32)))
+    slope = (float(f(np.array([0.25], np.float32))[0]) - float(f(np.array([-0.25], np.float32))[0])) / 0.5
+
+    alpha, beta = _round(slope), _round(f0)
+    yield Activation("Affine", alpha, beta), lambda x: alpha * x + beta
+    if alpha > 0:
+        yield (Activation("HardSigmoid", alpha, beta),
+               lambda x: np.clip(alpha * x + beta, 0, 1))
+    leak = _round(-fm1)
+    yield Activation("LeakyRelu", leak), lambda x: np.where(x >= 0, x, leak * x)
+    scale_a = _round(-float(f(np.array([-30.0], np.float32))[0]))
+    yield Activation("Elu", scale_a), lambda x: np.where(x >= 0, x, scale_a * np.expm1(x))
+    if f1 != 0 and f0 == 0:
+        # ScaledTanh: a * tanh(b x); fit a from the saturation, b from f(1)
+        a = _round(float(f(np.array([30.0], np.float32))[0]))
+        if a != 0 and abs(f1 / a) < 1:
+            b = _round(float(np.arctanh(f1 / a)))
+            yield Activation("ScaledTanh", a, b), lambda x: a * np.tanh(b * x)
+
+
+def _round(value: float) -> float:
+    """Snap a fitted parameter to a short decimal when it is that close (0.2, 1/6, 0.5…)."""
+    for denominator in range(1, 13):
+        fraction = round(value * denominator) / denominator
+        if abs(fraction - value) < 1e-6:
+            return fraction
+    for digits in range(1, 8):
+        rounded = round(value, digits)
+        if abs(rounded - value) < 1e-6:
+            return rounded
+    return value
+
+
+def identify(function: Callable[[np.ndarray], np.ndarray], where: str) -> Activation:
+    """The ONNX activation equal to ``function`` on every probe point, else :class:`NoMatch`."""
+    try:
+        actual = np.asarray(function(_PROBES), dtype=np.float64)
+    except NotEvaluable as error:
+        raise NoMatch(f"activation uses {error.reason}", error.node_name) from error
+    if actual.shape != _PROBES.shape or not np.all(np.isfinite(actual)):
+        raise NoMatch("activation is not an element-wise function", where)
+    for activation, reference in _candidates(function):
+        expected = reference(_PROBES.astype(np.float64))
+        if np.max(np.abs(expected - actual) / np.maximum(1.0, np.abs(expected))) <= _TOLERANCE:
+            return activation
+    raise NoMatch("activation has no exact ONNX recurrent equivalent", where)

@@ -1,0 +1,357 @@
+"""Reading a Keras while-loop body: its loop slots and the affine forms of its gates.
+
+Every recurrent body Keras builds (Keras 3 and tf_keras alike) has the same skeleton:
+a time index ``t`` that steps by one, ``x_t = TensorListGetItem(inputs, t)``, the cell,
+and ``TensorListSetItem(outputs, t or 0, h_t)``. :func:`read_skeleton` finds that skeleton,
+and the helpers below let a cell matcher describe what the cell computes:
+
+- :meth:`BodyView.activation_chain` walks back from a gate value through element-wise ops
+  to its pre-activation;
+- :meth:`BodyView.affine` decomposes a pre-activation into ``x @ W + h @ R + biases``,
+  following Split/StridedSlice column blocks, so per-gate slices and fused kernels read
+  the same way.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import numpy as np
+
+from .activations import identify
+from .evaluate import ELEMENTWISE_OPS, NotEvaluable, evaluate
+from .layer import Activation, NoMatch, WeightSource, require
+
+_SUM_OPS = frozenset({"AddV2", "Add", "BiasAdd"})
+
+
+@dataclass(frozen=True)
+class Skeleton:
+    """The loop slots of a recurrent body (slot = position in the loop's variables)."""
+
+    time_slot: int
+    input_slot: int
+    output_slot: int
+    output_every_step: bool
+    mask_slot: Optional[int]
+    x_t: str
+    mask_t: Optional[str]
+    y_t: str  # the value written to the output list each step
+    state_inputs: dict  # slot -> body input tensor, for slots the cell updates
+    state_outputs: dict  # slot -> the tensor the body returns for that slot
+    constant_slots: frozenset  # slots passed through unchanged
+
+
+@dataclass(frozen=True)
+class Affine:
+    """``x @ input_weight + h @ recurrent_weight + sum(biases)``; weights may be absent."""
+
+    input_weight: Optional[WeightSource]
+    recurrent_weight: Optional[WeightSource]
+    biases: tuple[WeightSource, ...]
+
+    def bias(self) -> Optional[WeightSource]:
+        if not self.biases:
+            return None
+        parts = self.biases
+        return lambda values: sum(part(values) for part in parts)
+
+
+class _FrozenNode:
+    """A snapshot of one node, so weights can be read after the body graph is converted."""
+
+    def __init__(self, node):
+        self.name = node.name
+        self.type = node.type
+        self.input = list(node.input)
+        self.output = list(node.output)
+        self._attrs = {key: node.get_attr_value(key) for key in node.attr}
+        self._value = node.get_tensor_value(as_list=False) if node.is_const() else None
+
+    def is_const(self) -> bool:
+        return self._value is not None
+
+    def get_tensor_value(self, as_list=False):
+        return self._value
+
+    def get_attr_value(self, name, default=None):
+        return self._attrs.get(name, default)
+
+
+class _FrozenGraph:
+    def __init__(self, nodes: dict):
+        self._by_output = {out: node for node in nodes.values() for out in node.output}
+
+    def get_node_by_output(self, tensor):
+        return self._by_output.get(tensor)
+
+
+class BodyView:
+    """Read-only helpers over a loop body graph (a tf2onnx graph still holding TF ops)."""
+
+    def __init__(self, graph):
+        self.graph = graph
+        self.inputs = list(graph.input_names)
+        self.outputs = list(graph.outputs)
+        require(len(self.inputs) == len(self.outputs), "body inputs and outputs differ in number")
+        self._slot_of_input = {name: slot for slot, name in enumerate(self.inputs)}
+
+    # -- basic navigation -------------------------------------------------------------
+    def resolve(self, tensor: str) -> str:
+        """Follow Identity ops back to the tensor they forward."""
+        node = self.graph.get_node_by_output(tensor)
+        while node is not None and node.type in ("Identity", "StopGradient") and len(node.input) == 1:
+            tensor = node.input[0]
+            node = self.graph.get_node_by_output(tensor)
+        return tensor
+
+    def producer(self, tensor: str):
+        return self.graph.get_node_by_output(self.resolve(tensor))
+
+    def operands(self, node) -> list[str]:
+        return [self.resolve(t) for t in node.input]
+
+    def slot_of(self, tensor: str) -> Optional[int]:
+        """The loop slot whose body input ``tensor`` is, or None."""
+        return self._slot_of_input.get(self.resolve(tensor))
+
+    def consumers(self, tensor: str):
+        return self.graph.find_output_consumers(tensor)
+
+    def is_constant(self, tensor: str) -> bool:
+        node = self.producer(tensor)
+        return node is not None and node.is_const()
+
+    def scalar(self, tensor: str) -> Optional[float]:
+        """The value of a constant scalar (or one-element) tensor, else None."""
+        if not self.is_constant(tensor):
+            return None
+        value = np.asarray(self.producer(tensor).get_tensor_value(as_list=False))
+        return float(value.reshape(-1)[0]) if value.size == 1 else None
+
+    # -- weights ----------------------------------------------------------------------
+    def static_source(self, tensor: str, constant_slots: frozenset) -> Optional[WeightSource]:
+        """A weight source for ``tensor`` if it only depends on constants and constant slots."""
+        nodes: dict = {}
+        slots: dict = {}
+        pending = [tensor]
+        while pending:
+            name = pending.pop()
+            slot = self._slot_of_input.get(name)
+            if slot is not None:
+                if slot not in constant_slots:
+                    return None
+                slots[name] = slot
+                continue
+            node = self.graph.get_node_by_output(name)
+            if node is None or node.is_graph_input():
+                return None
+            if node.name in nodes:
+                continue
+            nodes[node.name] = _FrozenNode(node)
+            pending.extend(node.input)
+        frozen = _FrozenGraph(nodes)
+
+        def source(slot_value: Callable[[int], np.ndarray]) -> np.ndarray:
+            bindings = {name: slot_value(slot) for name, slot in slots.items()}
+            return evaluate(frozen, tensor, bindings)
+
+        return source
+
+    # -- activations --------------------------------------------------------------------
+    def activation_chain(self, tensor: str) -> tuple[str, list]:
+        """Walk back from ``tensor`` through element-wise ops that have one varying operand.
+
+        Returns the pre-activation tensor where the walk stopped and the chain's nodes
+        (value end first). An empty chain means the identity.
+        """
+        chain = []
+        tensor = self.resolve(tensor)
+        while True:
+            node = self.graph.get_node_by_output(tensor)
+            if node is None or node.type not in ELEMENTWISE_OPS:
+                return tensor, chain
+            varying = [t for t in self.operands(node) if not self.is_constant(t)]
+            if len(varying) != 1:
+                return tensor, chain
+            chain.append(node)
+            tensor = varying[0]
+
+    def gate(self, value: str) -> tuple[str, Activation]:
+        """Split a gate value into its pre-activation tensor and the activation applied to it."""
+        pre, chain = self.activation_chain(value)
+        if not chain:
+            return pre, identify(lambda points: points, value)
+        graph, resolved = self.graph, self.resolve(value)
+        return pre, identify(lambda points: evaluate(graph, resolved, {pre: points}), value)
+
+    # -- affine forms -----------------------------------------------------------------
+    def sum_terms(self, tensor: str) -> list[str]:
+        """Flatten a tree of additions into its leaves."""
+        node = self.producer(tensor)
+        if node is not None and node.type in _SUM_OPS:
+            return [leaf for operand in self.operands(node) for leaf in self.sum_terms(operand)]
+        return [self.resolve(tensor)]
+
+    def affine(self, tensors, x_t: str, h_prev: str, constant_slots: frozenset) -> Affine:
+        """Decompose ``tensors`` (one tensor, or a list to add up) as ``x_t @ W + h_prev @ R + biases``.
+
+        Raises :class:`NoMatch` when a term is anything else.
+        """
+        tensors = [tensors] if isinstance(tensors, str) else list(tensors)
+        tensor = tensors[0] if tensors else ""
+        input_weights, recurrent_weights, biases = [], [], []
+        for term, select in (pair for t in tensors for pair in self.terms(t)):
+            node = self.producer(term)
+            bias = self.static_source(term, constant_slots)
+            if bias is not None:
+                biases.append(_selected(bias, select))
+                continue
+            require(node is not None and node.type == "MatMul",
+                    "a gate pre-activation term is not x @ W, h @ R or a bias", term)
+            require(not node.get_attr_value("transpose_a", 0), "MatMul with transpose_a", node.name)
+            operand, weight = self.operands(node)
+            source = self.static_source(weight, constant_slots)
+            require(source is not None, "a MatMul weight is not constant across steps", node.name)
+            if node.get_attr_value("transpose_b", 0):
+                source = _transposed(source)
+            if operand == self.resolve(x_t):
+                input_weights.append(_selected(source, select))
+            elif operand == self.resolve(h_prev):
+                recurrent_weights.append(_selected(source, select))
+            else:
+                raise NoMatch("a MatMul multiplies something other than x_t or the previous state",
+                              node.name)
+        require(len(input_weights) <= 1, "more than one x_t @ W term in a gate", tensor)
+        require(len(recurrent_weights) <= 1, "more than one h @ R term in a gate", tensor)
+        return Affine(input_weights[0] if input_weights else None,
+                      recurrent_weights[0] if recurrent_weights else None,
+                      tuple(biases))
+
+    def terms(self, tensor: str, select=lambda a: a):
+        """Yield (leaf, column selection) pairs of a sum, looking through column blocks of sums."""
+        for leaf in self.sum_terms(tensor):
+            block = self._column_block(leaf)
+            if block is None:
+                yield leaf, select
+                continue
+            source, block_select = block
+            yield from self.terms(source, _compose(select, block_select))
+
+    def _column_block(self, tensor: str):
+        """If ``tensor`` is a block of columns of another tensor: (that tensor, selector)."""
+        node = self.producer(tensor)
+        if node is None:
+            return None
+        index = int(tensor.rsplit(":", 1)[1]) if ":" in tensor else 0
+        try:
+            if node.type == "Split":
+                axis = evaluate(self.graph, node.input[0])
+                if int(axis) not in (1, -1):
+                    return None
+                parts = node.get_attr_value("num_split")
+                return self.resolve(node.input[1]), lambda a: np.split(a, parts, axis=-1)[index]
+            if node.type == "SplitV":
+                axis = evaluate(self.graph, node.input[2])
+                if int(axis) not in (1, -1):
+                    return None
+                cuts = np.cumsum(evaluate(self.graph, node.input[1]).tolist())[:-1]
+                return self.resolve(node.input[0]), lambda a: np.split(a, cuts, axis=-1)[index]
+            if node.type == "StridedSlice":
+                return self._strided_columns(node)
+        except NotEvaluable:
+            return None
+        return None
+
+    def _strided_columns(self, node):
+        begin, end, strides = (evaluate(self.graph, t).tolist() for t in node.input[1:4])
+        if len(begin) != 2 or any(node.get_attr_value(m, 0) for m in
+                                  ("ellipsis_mask", "new_axis_mask", "shrink_axis_mask")):
+            return None
+        begin_mask = node.get_attr_value("begin_mask", 0)
+        end_mask = node.get_attr_value("end_mask", 0)
+        rows_whole = (begin_mask & 1 or begin[0] == 0) and end_mask & 1 and strides[0] == 1
+        if not rows_whole:
+            return None
+        start = None if begin_mask & 2 else int(begin[1])
+        stop = None if end_mask & 2 else int(end[1])
+        step = int(strides[1])
+        return self.resolve(node.input[0]), lambda a: a[..., start:stop:step]
+
+
+def _compose(outer, inner):
+    return lambda a: outer(inner(a))
+
+
+def _selected(source: WeightSource, select) -> WeightSource:
+    return lambda values: select(np.asarray(source(values)))
+
+
+def _transposed(source: WeightSource) -> WeightSource:
+    return lambda values: np.asarray(source(values)).T
+
+
+def read_skeleton(view: BodyView) -> Skeleton:
+    """Find the time index, the input/output lists and the states of a recurrent body."""
+    graph = view.graph
+    reads = [n for n in graph.get_nodes() if n.type == "TensorListGetItem"]
+    writes = [n for n in graph.get_nodes() if n.type == "TensorListSetItem"]
+    require(reads, "the loop reads no TensorList: not a recurrent layer loop")
+    require(len(writes) == 1, f"the loop writes {len(writes)} TensorLists, a recurrent layer writes one")
+    write = writes[0]
+
+    index_tensors = {view.resolve(n.input[1]) for n in reads}
+    require(len(index_tensors) == 1, "the loop reads its TensorLists at different indices", reads[0].name)
+    time_input = index_tensors.pop()
+    time_slot = view.slot_of(time_input)
+    require(time_slot is not None, "the read index is not a loop variable", reads[0].name)
+    step = view.producer(view.outputs[time_slot])
+    require(step is not None and step.type in ("AddV2", "Add")
+            and time_input in view.operands(step)
+            and any(view.scalar(t) == 1 for t in view.operands(step)),
+            "the read index does not advance by one each step", reads[0].name)
+
+    values, masks = [], []
+    for read in reads:
+        slot = view.slot_of(read.input[0])
+        require(slot is not None, "a TensorList read comes from inside the loop", read.name)
+        dtype = graph.get_dtype(read.output[0])
+        (masks if dtype == 9 else values).append((slot, read.output[0]))  # 9: onnx BOOL
+    require(len(values) == 1, f"the loop reads {len(values)} float sequences, a recurrent layer reads one")
+    require(len(masks) <= 1, "the loop reads more than one mask")
+    input_slot, x_t = values[0]
+    mask_slot, mask_t = masks[0] if masks else (None, None)
+
+    output_slot = view.slot_of(write.input[0])
+    require(output_slot is not None, "the written TensorList is not a loop variable", write.name)
+    require(view.resolve(view.outputs[output_slot]) == write.output[0],
+            "the written TensorList is not what the loop carries on", write.name)
+    write_index = view.resolve(write.input[1])
+    if write_index == time_input:
+        every_step = True
+    else:
+        require(view.scalar(write_index) == 0, "the output is written at an index other than t or 0",
+                write.name)
+        every_step = False
+
+    constant, state_inputs, state_outputs = set(), {}, {}
+    for slot, (inp, out) in enumerate(zip(view.inputs, view.outputs)):
+        if view.resolve(out) == inp:
+            constant.add(slot)
+        elif slot not in (time_slot, output_slot) and not _is_counter(view, slot):
+            state_inputs[slot] = inp
+            state_outputs[slot] = view.resolve(out)
+    return Skeleton(time_slot=time_slot, input_slot=input_slot, output_slot=output_slot,
+                    output_every_step=every_step, mask_slot=mask_slot, x_t=x_t, mask_t=mask_t,
+                    y_t=view.resolve(write.input[2]), state_inputs=state_inputs,
+                    state_outputs=state_outputs, constant_slots=frozenset(constant))
+
+
+def _is_counter(view: BodyView, slot: int) -> bool:
+    """A loop variable that only counts iterations: its next value is itself plus one."""
+    step = view.producer(view.outputs[slot])
+    return (step is not None and step.type in ("AddV2", "Add")
+            and view.inputs[slot] in view.operands(step)
+            and any(view.scalar(t) == 1 for t in view.operands(step))
+            and all(c.type in ("AddV2", "Add", "Less", "Identity", "LogicalAnd")
+                    for c in view.consumers(view.inputs[slot])))

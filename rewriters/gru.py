@@ -1,0 +1,119 @@
+"""GRU cells: Keras ``GRU`` / ``GRUCell`` in Keras 3 and tf_keras, both ``reset_after`` modes.
+
+Keras computes ``h' = z * h + (1 - z) * hh`` with ``z = ra(x Wz + h Rz + b)``,
+``r = ra(x Wr + h Rr + b)`` and
+- reset_after=True:  ``hh = a(x Wh + bx + r * (h Rh + bh))``  -> ONNX linear_before_reset=1;
+- reset_after=False: ``hh = a(x Wh + b + (r * h) Rh)``        -> ONNX linear_before_reset=0.
+Keras's gate order z, r, h is ONNX's; the activations are (f, g) = (ra, a).
+"""
+from __future__ import annotations
+
+from .body import BodyView, Skeleton
+from .layer import BodyMatch, CellKind, GateForm, StateRole, require
+
+KIND = CellKind.GRU
+
+
+def match(view: BodyView, skeleton: Skeleton) -> BodyMatch:
+    require(len(skeleton.state_inputs) == 1,
+            f"a GRU carries 1 state, this loop carries {len(skeleton.state_inputs)}")
+    ((h_slot, h_prev),) = skeleton.state_inputs.items()
+    require(skeleton.state_outputs[h_slot] == skeleton.y_t, "the loop's state is not its per-step output")
+    x_t, constants = skeleton.x_t, skeleton.constant_slots
+
+    # h_t = z * h_{t-1} + (1 - z) * hh
+    products = [view.producer(t) for t in view.sum_terms(skeleton.y_t)]
+    require(len(products) == 2 and all(p is not None and p.type == "Mul" for p in products),
+            "h_t is not z * h + (1 - z) * hh", skeleton.y_t)
+    carried = [p for p in products if h_prev in view.operands(p)]
+    require(len(carried) == 1, "h_t does not scale the previous state once", skeleton.y_t)
+    (z,) = [t for t in view.operands(carried[0]) if t != h_prev]
+    (update,) = [p for p in products if p is not carried[0]]
+    one_minus_z = [t for t in view.operands(update) if _is_one_minus(view, t, z)]
+    require(len(one_minus_z) == 1, "the new-state term is not (1 - z) * hh", update.name)
+    (candidate,) = [t for t in view.operands(update) if t != one_minus_z[0]]
+
+    z_pre, gate_activation = view.gate(z)
+    hh_pre, candidate_activation = view.gate(candidate)
+
+    # hh's pre-activation: x terms plus one reset term
+    reset_terms = [t for t in view.sum_terms(hh_pre) if _reset_operand(view, t, h_prev) is not None]
+    require(len(reset_terms) == 1, "the candidate does not apply the reset gate once", hh_pre)
+    reset_node = view.producer(reset_terms[0])
+    r, recurrent_part, reset_after = _reset_operand(view, reset_terms[0], h_prev)
+    r_pre, r_activation = view.gate(r)
+    require(r_activation == gate_activation, "the reset and update gates use different activations",
+            r)
+
+    input_part = [t for t in view.sum_terms(hh_pre) if t != reset_terms[0]]
+    require(input_part, "the candidate has no input part", hh_pre)
+    x_affine = view.affine(input_part, x_t, h_prev, constants)
+    require(x_affine.recurrent_weight is None and x_affine.input_weight is not None,
+            "the candidate's input part is not x @ W + b", hh_pre)
+    if reset_after:
+        h_affine = view.affine(recurrent_part, x_t, h_prev, constants)
+        require(h_affine.input_weight is None and h_affine.recurrent_weight is not None,
+                "the reset gate does not scale h @ R + b", reset_node.name)
+        candidate_form = GateForm(x_affine.input_weight, h_affine.recurrent_weight,
+                                  x_affine.bias(), h_affine.bias())
+    else:
+        weight = view.static_source(recurrent_part, constants)
+        require(weight is not None, "the reset product's weight is not constant", reset_node.name)
+        candidate_form = GateForm(x_affine.input_weight, weight, x_affine.bias())
+
+    def form(pre: str) -> GateForm:
+        affine = view.affine(pre, x_t, h_prev, constants)
+        require(affine.input_weight is not None, "a GRU gate has no x_t @ W term", pre)
+        return GateForm(affine.input_weight, affine.recurrent_weight, affine.bias())
+
+    return BodyMatch(
+        kind=KIND,
+        gates=(form(z_pre), form(r_pre), candidate_form),
+        activations=(gate_activation, candidate_activation),
+        states=((StateRole.HIDDEN, h_slot),),
+        input_slot=skeleton.input_slot, output_slot=skeleton.output_slot,
+        output_every_step=skeleton.output_every_step,
+        linear_before_reset=reset_after)
+
+
+def _is_one_minus(view: BodyView, tensor: str, z: str) -> bool:
+    node = view.producer(tensor)
+    return (node is not None and node.type == "Sub"
+            and view.scalar(node.input[0]) == 1.0 and view.resolve(node.input[1]) == z)
+
+
+def _reset_operand(view: BodyView, term: str, h_prev: str):
+    """For the reset term of hh: (r, the part r multiplies, reset_after), else None.
+
+    reset_after:  ``r * (h @ Rh + bh)``  -> (r, that tensor, True)
+    reset_before: ``(r * h) @ Rh``      -> (r, the weight Rh, False)
+    """
+    node = view.producer(term)
+    if node is None:
+        return None
+    if node.type == "MatMul":
+        inner = view.producer(node.input[0])
+        if inner is None or inner.type != "Mul" or node.get_attr_value("transpose_a", 0):
+            return None
+        factors = view.operands(inner)
+        if h_prev not in factors:
+            return None
+        (r,) = [t for t in factors if t != h_prev] or [h_prev]
+        return r, view.resolve(node.input[1]), False
+    if node.type == "Mul":
+        first, second = view.operands(node)
+        # r is the factor computed through a (sigmoid-like) activation from x and h;
+        # the other is a MatMul-based block h @ Rh (+ bh)
+        for r, part in ((first, second), (second, first)):
+            if _is_projection(view, part) and not _is_projection(view, r):
+                return r, part, True
+    return None
+
+
+def _is_projection(view: BodyView, tensor: str) -> bool:
+    """Whether ``tensor`` is a (column block of a) sum with a MatMul term and no activation."""
+    for leaf, _ in view.terms(tensor):
+        node = view.producer(leaf)
+        if node is not None and node.type == "MatMul":
+            return True
+    return False

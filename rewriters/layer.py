@@ -1,0 +1,137 @@
+"""Typed descriptions shared by the matchers, the adapters and the emitter.
+
+A matcher reads a loop body and returns a :class:`BodyMatch`. An adapter turns it, together
+with the loop node in the outer graph, into a :class:`RecurrentLayer`: everything the emitter
+needs, with weights already in ONNX gate order. Nothing here knows ONNX input slots.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import numpy as np
+
+
+class NoMatch(Exception):
+    """A matcher or adapter declined a loop: ``reason`` says why, ``node`` where."""
+
+    def __init__(self, reason: str, node: str = ""):
+        super().__init__(f"{reason} [{node}]" if node else reason)
+        self.reason = reason
+        self.node = node
+
+
+def require(condition: bool, reason: str, node: str = "") -> None:
+    """Raise :class:`NoMatch` with ``reason`` unless ``condition`` holds."""
+    if not condition:
+        raise NoMatch(reason, node)
+
+
+class CellKind(enum.Enum):
+    LSTM = "LSTM"
+    GRU = "GRU"
+    SIMPLE_RNN = "RNN"
+
+    @property
+    def onnx_op(self) -> str:
+        return self.value
+
+    @property
+    def gate_count(self) -> int:
+        return {"LSTM": 4, "GRU": 3, "RNN": 1}[self.value]
+
+    @property
+    def state_count(self) -> int:
+        return 2 if self is CellKind.LSTM else 1
+
+
+class Direction(enum.Enum):
+    FORWARD = "forward"
+    BACKWARD = "backward"  # Keras go_backwards: steps run last to first, outputs stay in that order
+
+
+class StateRole(enum.Enum):
+    """What a loop-carried value of a recurrent body is."""
+
+    HIDDEN = "h"
+    CELL = "c"  # LSTM only
+
+
+@dataclass(frozen=True)
+class Activation:
+    """One ONNX recurrent activation, with its alpha/beta where it has them."""
+
+    name: str
+    alpha: Optional[float] = None
+    beta: Optional[float] = None
+
+    def __str__(self) -> str:
+        params = [f"{k}={v:g}" for k, v in (("alpha", self.alpha), ("beta", self.beta)) if v is not None]
+        return f"{self.name}({', '.join(params)})" if params else self.name
+
+
+# A weight in a loop body: a function that, given the values of the loop's inputs
+# (slot -> array), returns the array. Matchers build these; adapters call them.
+WeightSource = Callable[[Callable[[int], np.ndarray]], np.ndarray]
+
+
+@dataclass(frozen=True)
+class GateForm:
+    """One gate's pre-activation: x @ input_weight + h @ recurrent_weight + biases.
+
+    ``input_bias`` is added outside any reset product, ``recurrent_bias`` inside it (GRU
+    with reset_after); for every other gate ONNX adds both, so which one holds a bias
+    does not matter there.
+    """
+
+    input_weight: WeightSource
+    recurrent_weight: Optional[WeightSource]
+    input_bias: Optional[WeightSource] = None
+    recurrent_bias: Optional[WeightSource] = None
+
+
+@dataclass(frozen=True)
+class BodyMatch:
+    """What a matcher learned from a loop body; keyed by the body's function name."""
+
+    kind: CellKind
+    gates: tuple[GateForm, ...]  # in ONNX gate order
+    activations: tuple[Activation, ...]  # in ONNX order (f, g, h for LSTM; f, g for GRU; f for RNN)
+    states: tuple[tuple[StateRole, int], ...]  # ONNX state order -> loop slot
+    input_slot: int  # the TensorList that feeds x_t
+    output_slot: int  # the TensorList written with h_t
+    output_every_step: bool  # written at the time index (all steps) or at a fixed index (last only)
+    linear_before_reset: bool = False  # GRU only
+
+    def slot_of(self, role: StateRole) -> int:
+        return dict(self.states)[role]
+
+
+@dataclass(frozen=True)
+class Wiring:
+    """Where the layer sits in the outer graph: its input and the tensors it replaces."""
+
+    x: str  # time-major input [T, B, F]
+    sequence_output: tuple[str, ...] = ()  # tensors that become Y squeezed to [T, B, H]
+    last_output: tuple[str, ...] = ()  # tensors that become Y_h, [1, B, H]
+    final_states: tuple[tuple[StateRole, str], ...] = ()  # tensors that become a state, [B, H]
+    initial_states: tuple[tuple[StateRole, str], ...] = ()  # [B, H] tensors; absent roles start at zero
+
+
+@dataclass(frozen=True, eq=False)
+class RecurrentLayer:
+    """One Keras recurrent layer, ready to emit as one ONNX node."""
+
+    name: str
+    kind: CellKind
+    hidden_size: int
+    input_size: int
+    W: np.ndarray  # [G*H, F], ONNX gate order
+    R: np.ndarray  # [G*H, H]
+    B: np.ndarray  # [2*G*H] = [Wb, Rb]
+    activations: tuple[Activation, ...]
+    direction: Direction
+    wiring: Wiring
+    linear_before_reset: bool = False
+    dtype: np.dtype = field(default_factory=lambda: np.dtype(np.float32))

@@ -1,0 +1,28 @@
+"""Simple RNN cells: Keras ``SimpleRNN`` / ``SimpleRNNCell`` in Keras 3 and tf_keras.
+
+Keras computes ``h' = a(x @ kernel + bias + h @ recurrent_kernel)``: ONNX's RNN with one
+activation f = a.
+"""
+from __future__ import annotations
+
+from .body import BodyView, Skeleton
+from .layer import BodyMatch, CellKind, GateForm, StateRole, require
+
+KIND = CellKind.SIMPLE_RNN
+
+
+def match(view: BodyView, skeleton: Skeleton) -> BodyMatch:
+    require(len(skeleton.state_inputs) == 1,
+            f"a simple RNN carries 1 state, this loop carries {len(skeleton.state_inputs)}")
+    ((h_slot, h_prev),) = skeleton.state_inputs.items()
+    require(skeleton.state_outputs[h_slot] == skeleton.y_t, "the loop's state is not its per-step output")
+    pre, activation = view.gate(skeleton.y_t)
+    affine = view.affine(pre, skeleton.x_t, h_prev, skeleton.constant_slots)
+    require(affine.input_weight is not None, "h_t has no x_t @ W term", pre)
+    return BodyMatch(
+        kind=KIND,
+        gates=(GateForm(affine.input_weight, affine.recurrent_weight, affine.bias()),),
+        activations=(activation,),
+        states=((StateRole.HIDDEN, h_slot),),
+        input_slot=skeleton.input_slot, output_slot=skeleton.output_slot,
+        output_every_step=skeleton.output_every_step)

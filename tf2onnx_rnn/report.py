@@ -1,0 +1,91 @@
+"""The conversion report: for every recurrent loop, what it became and, if it stayed a Loop, why.
+
+It is printed by the CLI, logged by the API, and stored in the ONNX model's
+``metadata_props`` under :data:`METADATA_KEY` as JSON (Netron shows it).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Iterable, Optional
+
+METADATA_KEY = "tf2onnx_rnn.report"
+
+
+@dataclass(frozen=True)
+class LoopOutcome:
+    """What became of one recurrent while-loop."""
+
+    loop: str  # the loop node's name in the TensorFlow graph
+    layer: str  # the Keras layer, as far as the graph's scopes tell
+    kind: str  # LSTM, GRU, SimpleRNN, or what the name suggests when unmatched
+    direction: str  # forward / backward; empty when not known
+    became: str  # the ONNX op it became (LSTM, GRU, RNN), or "Loop"
+    node: str = ""  # the ONNX node's name when fused
+    reason: str = ""  # why it stayed a Loop
+    where: str = ""  # the node at which the matcher stopped
+    activations: str = ""
+
+    @property
+    def fused(self) -> bool:
+        return self.became != "Loop"
+
+
+@dataclass
+class ConversionReport:
+    outcomes: list = field(default_factory=list)
+
+    def add(self, outcome: LoopOutcome) -> None:
+        self.outcomes.append(outcome)
+
+    def extend(self, outcomes: Iterable[LoopOutcome]) -> None:
+        self.outcomes.extend(outcomes)
+
+    @property
+    def fused(self) -> list:
+        return [o for o in self.outcomes if o.fused]
+
+    @property
+    def loops(self) -> list:
+        return [o for o in self.outcomes if not o.fused]
+
+    def summary(self) -> str:
+        if not self.outcomes:
+            return "no recurrent layer loops found: nothing to fuse"
+        return (f"{len(self.outcomes)} recurrent loop(s): {len(self.fused)} fused into native nodes, "
+                f"{len(self.loops)} left as Loop")
+
+    def table(self) -> str:
+        """A plain-text table, one row per loop, then the summary line."""
+        rows = [("layer", "kind", "direction", "became", "details")]
+        for o in self.outcomes:
+            details = o.activations if o.fused else o.reason + (f" (at {o.where})" if o.where else "")
+            rows.append((o.layer, o.kind, o.direction or "-", o.became, details))
+        widths = [max(len(r[i]) for r in rows) for i in range(4)]
+        lines = ["  ".join(cell.ljust(width) for cell, width in zip(row[:4], widths)) + "  " + row[4]
+                 for row in rows]
+        lines.insert(1, "  ".join("-" * w for w in widths) + "  " + "-" * 7)
+        return "\n".join(lines + [self.summary()])
+
+    def to_json(self) -> str:
+        return json.dumps({"loops": [asdict(o) for o in self.outcomes], "summary": self.summary()})
+
+    @classmethod
+    def from_json(cls, text: str) -> "ConversionReport":
+        return cls([LoopOutcome(**item) for item in json.loads(text)["loops"]])
+
+    def attach(self, model_proto) -> None:
+        """Store the report in ``model_proto.metadata_props`` (replacing an earlier one)."""
+        for index in reversed(range(len(model_proto.metadata_props))):
+            if model_proto.metadata_props[index].key == METADATA_KEY:
+                del model_proto.metadata_props[index]
+        entry = model_proto.metadata_props.add()
+        entry.key, entry.value = METADATA_KEY, self.to_json()
+
+    @classmethod
+    def of_model(cls, model_proto) -> Optional["ConversionReport"]:
+        """The report stored in a model converted by this package, or None."""
+        for prop in model_proto.metadata_props:
+            if prop.key == METADATA_KEY:
+                return cls.from_json(prop.value)
+        return None
