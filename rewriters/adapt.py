@@ -6,6 +6,7 @@ through the :class:`BodyMatch`, so this module serves every kind.
 """
 from __future__ import annotations
 
+import re
 import numpy as np
 
 from .evaluate import NotEvaluable, evaluate
@@ -14,20 +15,29 @@ from .layer import BodyMatch, Direction, NoMatch, RecurrentLayer, StateRole, Wir
 _WRAPPER_SCOPES = {"PartitionedCall", "StatefulPartitionedCall", "while"}
 
 
-def layer_name(loop_name: str) -> str:
-    """The Keras layer a loop belongs to, as far as its scope tells (model scope dropped)."""
+def layer_name(loop_name: str, known_layers: frozenset = frozenset()) -> str:
+    """The Keras layer a loop belongs to, as far as its scope tells.
+
+    With the model's layer names at hand, the innermost scope that names a layer wins
+    (tracing may have added a ``_1`` suffix to the scope). Otherwise the scope path without
+    the model's own scope.
+    """
     parts = [p for p in loop_name.split("/") if p not in _WRAPPER_SCOPES]
+    for part in reversed(parts):
+        for candidate in (part, re.sub(r"_\d+$", "", part)):
+            if candidate in known_layers:
+                return candidate
     if len(parts) > 1:
         parts = parts[1:]
     return "/".join(parts) or loop_name
 
 
-def build_layer(graph, loop, match: BodyMatch) -> RecurrentLayer:
+def build_layer(graph, loop, match: BodyMatch, name: str) -> RecurrentLayer:
     """Read weights, input, outputs and initial states of ``loop`` into a layer description."""
     x, direction = _sequence_input(graph, loop, match)
     weights = _gate_weights(graph, loop, match)
     return RecurrentLayer(
-        name=layer_name(loop.name), kind=match.kind, direction=direction,
+        name=name, kind=match.kind, direction=direction,
         activations=match.activations, linear_before_reset=match.linear_before_reset,
         wiring=Wiring(x=x, **_outputs(graph, loop, match), initial_states=_initial_states(graph, loop, match)),
         **weights)

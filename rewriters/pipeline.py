@@ -12,7 +12,7 @@ report says why.
 from __future__ import annotations
 
 import logging
-from typing import Optional, Union
+from typing import Iterable, Optional, Union
 
 from ..report import ConversionReport, LoopOutcome
 from . import CELL_MATCHERS
@@ -39,8 +39,9 @@ def _kind_hint(name: str) -> str:
 class RecurrentRewriter:
     """One conversion's rewriter: its body matches and the report it fills."""
 
-    def __init__(self, report: Optional[ConversionReport] = None):
+    def __init__(self, report: Optional[ConversionReport] = None, layer_names: Iterable[str] = ()):
         self.report = report if report is not None else ConversionReport()
+        self.layer_names = frozenset(layer_names)
         self.bodies: dict[str, Union[BodyMatch, NoMatch]] = {}
 
     def __call__(self, graph, ops):
@@ -77,6 +78,10 @@ class RecurrentRewriter:
                 return matcher.match(view, skeleton)
             except NoMatch as no_match:
                 reasons.append((matcher.KIND, no_match))
+            except Exception as error:  # one matcher's bug must not stop the others
+                logger.debug("the %s matcher raised", matcher.KIND.value, exc_info=True)
+                reasons.append((matcher.KIND, NoMatch(
+                    f"internal error while matching: {type(error).__name__}: {error}")))
         # the matcher whose state count fits got furthest; report its reason first
         carried = len(skeleton.state_inputs)
         reasons.sort(key=lambda item: item[0].state_count != carried)
@@ -87,7 +92,7 @@ class RecurrentRewriter:
     def _replace_loop(self, graph, loop) -> None:
         body = loop.get_attr_str("body")
         entry = self.bodies.get(body)
-        name = layer_name(loop.name)
+        name = layer_name(loop.name, self.layer_names)
         if entry is None:
             return  # a body with no TensorList reads: not a recurrent layer, nothing to report
         if isinstance(entry, NoMatch):
@@ -95,7 +100,7 @@ class RecurrentRewriter:
                                      direction="", became="Loop", reason=entry.reason, where=entry.node))
             return
         try:
-            layer = build_layer(graph, loop, entry)
+            layer = build_layer(graph, loop, entry, name)
             node = emit(graph, layer)
         except NoMatch as no_match:
             self._record(LoopOutcome(loop=loop.name, layer=name, kind=_kind_label(entry), direction="",

@@ -64,10 +64,12 @@ def convert_keras(model, input_signature=None, opset: Optional[int] = None, outp
     if input_signature is None:
         input_signature = keras_input_signature(model)
     _check_opset(opset)
-    rewriter = RecurrentRewriter()
+    rewriter = RecurrentRewriter(layer_names=_layer_names(model))
     custom = list(options.pop("custom_rewriter", None) or [])
-    model_proto, _ = tf2onnx.convert.from_keras(model, input_signature=input_signature, opset=opset,
-                                                custom_rewriter=[rewriter] + custom, **options)
+    serve, output_names = _serving_function(model, input_signature)
+    model_proto, _ = tf2onnx.convert.from_function(serve, input_signature=input_signature, opset=opset,
+                                                   custom_rewriter=[rewriter] + custom, **options)
+    _order_outputs(model_proto, output_names)
     model_proto = _finish(model_proto, rewriter.report)
     if verify:
         from .verify import verify_keras
@@ -76,6 +78,57 @@ def convert_keras(model, input_signature=None, opset: Optional[int] = None, outp
     if output_path:
         save_model(model_proto, output_path)
     return model_proto
+
+
+def _serving_function(model, input_signature):
+    """A tf.function calling the model in inference mode, with outputs keyed by Keras's names.
+
+    Returns the function and its output names in Keras's order. (tf2onnx's own ``from_keras``
+    loses Keras 3 output names and fails on Sequential models.)
+    """
+    tf = _tf()
+    keras_names = _unique([str(n) for n in (getattr(model, "output_names", None) or [])])
+    order: list = []
+
+    @tf.function(input_signature=input_signature)
+    def serve(*args):
+        flat = tf.nest.flatten(model(list(args) if len(args) > 1 else args[0], training=False))
+        keys = keras_names if len(keras_names) == len(flat) else [f"output_{i}" for i in range(len(flat))]
+        order[:] = keys
+        return dict(zip(keys, flat))
+
+    serve.get_concrete_function()
+    return serve, list(order)
+
+
+def _unique(names: list) -> list:
+    seen, result = {}, []
+    for name in names:
+        seen[name] = seen.get(name, -1) + 1
+        result.append(name if not seen[name] else f"{name}_{seen[name]}")
+    return result
+
+
+def _order_outputs(model_proto: onnx.ModelProto, names: list) -> None:
+    """Put the graph outputs in Keras's order (a dict of outputs reaches ONNX sorted by key)."""
+    by_name = {o.name: o for o in model_proto.graph.output}
+    if sorted(by_name) != sorted(names):
+        return
+    ordered = [by_name[n] for n in names]
+    del model_proto.graph.output[:]
+    model_proto.graph.output.extend(ordered)
+
+
+def _layer_names(model) -> set:
+    """Names of the model's layers, nested models and wrappers (Bidirectional) included."""
+    names, pending = set(), list(getattr(model, "layers", []))
+    while pending:
+        layer = pending.pop()
+        names.add(layer.name)
+        pending.extend(getattr(layer, "layers", []) or [])
+        pending.extend(l for l in (getattr(layer, "forward_layer", None), getattr(layer, "backward_layer", None),
+                                   getattr(layer, "layer", None)) if l is not None)
+    return names
 
 
 def load_saved_model_graph(path: str, signature_def: Optional[str] = None, tag: Optional[str] = None):

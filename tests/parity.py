@@ -1,0 +1,278 @@
+"""Shared helpers for parity tests: Keras flavors, model building, conversion, graph checks.
+
+Both Keras flavors run in one process: Keras 3 (``import keras``) and tf_keras
+(``import tf_keras``, Keras 2) coexist with tf2onnx 1.17 (measured: converting in either
+order gives the same graphs and results), so no subprocess is needed. ``TF_USE_LEGACY_KERAS``
+must stay unset here, or ``import keras`` would still be Keras 3 but ``tf.keras`` would not.
+
+Conversions are cached per process (see :func:`converted`): a case is built and converted
+once, then every test of that case reads the cached result. A conversion that raised is
+cached too and re-raised in every test of the case.
+"""
+from __future__ import annotations
+
+import importlib
+import itertools
+import re
+import zlib
+from dataclasses import dataclass, field, fields
+from typing import Iterable, Optional, Sequence
+
+import numpy as np
+import onnx
+
+FLAVORS = ("keras3", "tf_keras")
+_FLAVOR_MODULES = {"keras3": "keras", "tf_keras": "tf_keras"}
+
+# ONNX op each Keras layer must become, and the kind the report must name
+ONNX_OP = {"LSTM": "LSTM", "GRU": "GRU", "SimpleRNN": "RNN"}
+RECURRENT_OPS = frozenset({"LSTM", "GRU", "RNN"})
+LOOP_OPS = frozenset({"Loop", "Scan"})
+STATE_NAMES = {"LSTM": ("h", "c"), "GRU": ("h",), "SimpleRNN": ("h",)}
+
+FEATURES = 5  # input features F (differs from UNITS so W's transposition shows)
+UNITS = 4
+# (batch, time) rounds, all on the same converted model: dynamic batch and time length
+ROUNDS = ((3, 5), (3, 11), (1, 7))
+TOLERANCE = 1e-5
+
+
+def keras_module(flavor: str):
+    """``keras`` (Keras 3) for "keras3", ``tf_keras`` (Keras 2) for "tf_keras"."""
+    return importlib.import_module(_FLAVOR_MODULES[flavor])
+
+
+# -- cases --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Case:
+    """One one-direction, unmasked recurrent layer configuration."""
+
+    kind: str  # LSTM, GRU, SimpleRNN
+    use_bias: bool = True
+    activation: str = "tanh"
+    recurrent_activation: Optional[str] = None  # LSTM and GRU only
+    reset_after: Optional[bool] = None  # GRU only
+    go_backwards: bool = False
+    return_sequences: bool = False
+    return_state: bool = False
+    initial_state: bool = False  # initial states fed from model inputs
+
+    @property
+    def id(self) -> str:
+        parts = [self.kind, "bias" if self.use_bias else "nobias", self.activation]
+        if self.recurrent_activation is not None:
+            parts.append("r" + self.recurrent_activation)
+        if self.reset_after is not None:
+            parts.append("reset_after" if self.reset_after else "reset_before")
+        parts.append("bwd" if self.go_backwards else "fwd")
+        parts.append("seq" if self.return_sequences else "last")
+        if self.return_state:
+            parts.append("state")
+        if self.initial_state:
+            parts.append("init")
+        return "-".join(parts)
+
+    @property
+    def layer_name(self) -> str:
+        return "uut_" + {"LSTM": "lstm", "GRU": "gru", "SimpleRNN": "simple_rnn"}[self.kind]
+
+    @property
+    def state_names(self) -> tuple:
+        return STATE_NAMES[self.kind]
+
+    def layer_kwargs(self) -> dict:
+        kwargs = dict(units=UNITS, name=self.layer_name, use_bias=self.use_bias, activation=self.activation,
+                      go_backwards=self.go_backwards, return_sequences=self.return_sequences,
+                      return_state=self.return_state)
+        if self.recurrent_activation is not None:
+            kwargs["recurrent_activation"] = self.recurrent_activation
+        if self.reset_after is not None:
+            kwargs["reset_after"] = self.reset_after
+        return kwargs
+
+
+# The option values each kind is tested with. Every value of every option appears, and every
+# pair of values of two options appears together in at least one case of that kind.
+STRUCTURE = dict(go_backwards=(False, True), return_sequences=(False, True), return_state=(False, True),
+                 initial_state=(False, True))
+FACTORS = {
+    "LSTM": dict(use_bias=(True, False), activation=("tanh", "relu", "sigmoid"),
+                 recurrent_activation=("sigmoid", "hard_sigmoid"), **STRUCTURE),
+    "GRU": dict(reset_after=(True, False), use_bias=(True, False), activation=("tanh", "relu"),
+                recurrent_activation=("sigmoid", "hard_sigmoid"), **STRUCTURE),
+    "SimpleRNN": dict(use_bias=(True, False), activation=("tanh", "relu"), **STRUCTURE),
+}
+
+
+def value_pairs(factors: dict) -> set:
+    """Every pair of (option, value) of two different options."""
+    names = list(factors)
+    return {((a, va), (b, vb)) for i, a in enumerate(names) for b in names[i + 1:]
+            for va in factors[a] for vb in factors[b]}
+
+
+def pairs_of(row: dict, names: Sequence[str]) -> set:
+    return {((a, row[a]), (b, row[b])) for i, a in enumerate(names) for b in names[i + 1:]}
+
+
+def pairwise(factors: dict) -> list:
+    """A small, deterministic set of rows covering every pair of values (greedy)."""
+    names = list(factors)
+    uncovered = value_pairs(factors)
+    candidates = [dict(zip(names, values)) for values in itertools.product(*factors.values())]
+    rows = []
+    while uncovered:
+        best = max(candidates, key=lambda row: len(pairs_of(row, names) & uncovered))
+        rows.append(best)
+        uncovered -= pairs_of(best, names)
+    return rows
+
+
+def cases() -> list:
+    return [Case(kind=kind, **row) for kind, factors in FACTORS.items() for row in pairwise(factors)]
+
+
+# -- models -------------------------------------------------------------------------------
+
+def case_seed(flavor: str, case: Case) -> int:
+    return zlib.crc32(f"{flavor}/{case.id}".encode())
+
+
+def randomize_weights(model, seed: int) -> None:
+    """Every weight, biases included, seeded normal * 0.5."""
+    rng = np.random.default_rng(seed)
+    weights = model.get_weights()
+    assert weights, "the model has no weights to randomize"
+    model.set_weights([(rng.standard_normal(w.shape) * 0.5).astype(w.dtype) for w in weights])
+
+
+def build_model(flavor: str, case: Case):
+    """A Keras model: input ``x`` [batch, time, F] (both dynamic), plus one [batch, UNITS]
+    input ``init_<state>`` per state when the case feeds initial states."""
+    K = keras_module(flavor)
+    x = K.Input((None, FEATURES), name="x")
+    layer = getattr(K.layers, case.kind)(**case.layer_kwargs())
+    inputs = [x]
+    if case.initial_state:
+        states = [K.Input((UNITS,), name=f"init_{s}") for s in case.state_names]
+        inputs += states
+        output = layer(x, initial_state=states)
+    else:
+        output = layer(x)
+    outputs = list(output) if case.return_state else output
+    model = K.Model(inputs if len(inputs) > 1 else x, outputs, name=f"parity_{case.kind.lower()}")
+    randomize_weights(model, case_seed(flavor, case))
+    return model
+
+
+def input_names(case: Case) -> list:
+    return ["x"] + ([f"init_{s}" for s in case.state_names] if case.initial_state else [])
+
+
+def expected_output_count(case: Case) -> int:
+    return 1 + (len(case.state_names) if case.return_state else 0)
+
+
+def make_inputs(case: Case, batch: int, time: int, seed: int) -> list:
+    rng = np.random.default_rng(seed)
+    arrays = [rng.standard_normal((batch, time, FEATURES)).astype(np.float32)]
+    if case.initial_state:
+        arrays += [rng.standard_normal((batch, UNITS)).astype(np.float32) for _ in case.state_names]
+    return arrays
+
+
+def keras_outputs(model, arrays: list) -> list:
+    """``model(x, training=False)`` as a list of arrays, in Keras's output order."""
+    result = model(arrays if len(arrays) > 1 else arrays[0], training=False)
+    if isinstance(result, dict):
+        raise AssertionError("dict outputs are not expected from these models")
+    if not isinstance(result, (list, tuple)):
+        result = [result]
+    return [np.asarray(r) for r in result]
+
+
+@dataclass
+class Converted:
+    flavor: str
+    case: Case
+    model: object = None  # the Keras model
+    proto: Optional[onnx.ModelProto] = None
+    error: Optional[BaseException] = None
+    sessions: dict = field(default_factory=dict)
+
+    def get(self) -> "Converted":
+        """Self, or re-raise the conversion error."""
+        if self.error is not None:
+            raise AssertionError(f"building or converting {self.flavor} {self.case.id} failed: "
+                                 f"{type(self.error).__name__}: {self.error}") from self.error
+        return self
+
+
+_CACHE: dict = {}
+
+
+def converted(flavor: str, case: Case) -> Converted:
+    """The case's model and its conversion, built once per process."""
+    key = (flavor, case)
+    if key not in _CACHE:
+        from tf2onnx_rnn import convert_keras
+
+        entry = Converted(flavor, case)
+        try:
+            entry.model = build_model(flavor, case)
+            entry.proto = convert_keras(entry.model)
+        except Exception as error:  # noqa: BLE001 - reported by every test of the case
+            entry.error = error
+        _CACHE[key] = entry
+    return _CACHE[key].get()
+
+
+# -- onnxruntime --------------------------------------------------------------------------
+
+def ort_session(model_proto: onnx.ModelProto):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    return ort.InferenceSession(model_proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def run_onnx(session, names: Sequence[str], arrays: Sequence[np.ndarray]) -> list:
+    return session.run(None, dict(zip(names, arrays)))
+
+
+# -- graph walking ------------------------------------------------------------------------
+
+def all_nodes(graph: onnx.GraphProto) -> Iterable[onnx.NodeProto]:
+    """Every node of ``graph`` and of its subgraphs (GRAPH and GRAPHS attributes), recursively."""
+    for node in graph.node:
+        yield node
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.GRAPH:
+                yield from all_nodes(attribute.g)
+            elif attribute.type == onnx.AttributeProto.GRAPHS:
+                for subgraph in attribute.graphs:
+                    yield from all_nodes(subgraph)
+
+
+def nodes_of_types(model_proto: onnx.ModelProto, types) -> list:
+    return [n for n in all_nodes(model_proto.graph) if n.op_type in types]
+
+
+def attribute(node: onnx.NodeProto, name: str):
+    for attr in node.attribute:
+        if attr.name == name:
+            return onnx.helper.get_attribute_value(attr)
+    return None
+
+
+def layer_matches(report_layer: str, keras_layer: str) -> bool:
+    """The report's layer (from TF name scopes) names the Keras layer; Keras 3 scopes may
+    carry a ``_<n>`` suffix (``uut_lstm_1`` for layer ``uut_lstm``)."""
+    return re.fullmatch(re.escape(keras_layer) + r"(_\d+)?", report_layer) is not None
+
+
+def describe(case: Case) -> str:
+    return ", ".join(f"{f.name}={getattr(case, f.name)!r}" for f in fields(case))

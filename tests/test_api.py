@@ -1,0 +1,124 @@
+"""convert_keras without an input_signature, the report in the model, and loops left alone."""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import onnx
+import pytest
+
+keras = pytest.importorskip("keras")
+
+import tf2onnx_rnn  # noqa: E402
+from tf2onnx_rnn.rewriters import gru as gru_matcher  # noqa: E402
+from tf2onnx_rnn.rewriters import pipeline  # noqa: E402
+from tf2onnx_rnn.rewriters.layer import NoMatch  # noqa: E402
+from tf2onnx_rnn.verify import verify_keras  # noqa: E402
+
+
+def _randomize(model, seed=7):
+    rng = np.random.default_rng(seed)
+    model.set_weights([(rng.standard_normal(w.shape) * 0.5).astype(w.dtype) for w in model.get_weights()])
+    return model
+
+
+def _op_types(model_proto):
+    def walk(graph):
+        for node in graph.node:
+            yield node.op_type
+            for attr in node.attribute:
+                for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
+                    yield from walk(sub)
+    return list(walk(model_proto.graph))
+
+
+def _sequential():
+    model = keras.Sequential([keras.Input((None, 5)), keras.layers.GRU(6, return_sequences=True),
+                              keras.layers.SimpleRNN(4)])
+    return _randomize(model)
+
+
+def _functional():
+    tokens = keras.Input((None, 5), name="features")
+    state = keras.Input((6,), name="state")
+    sequence = keras.layers.LSTM(6, return_sequences=True, name="lstm_a")(tokens)
+    last = keras.layers.GRU(6, name="gru_b")(sequence, initial_state=[state])
+    return _randomize(keras.Model([tokens, state], keras.layers.Dense(2)(last)))
+
+
+@pytest.mark.parametrize("build, expected", [(_sequential, ["GRU", "RNN"]), (_functional, ["LSTM", "GRU"])])
+def test_convert_keras_without_signature(build, expected):
+    model = build()
+    model_proto = tf2onnx_rnn.convert_keras(model)
+    ops = _op_types(model_proto)
+    assert sorted(op for op in ops if op in ("LSTM", "GRU", "RNN")) == sorted(expected)
+    assert "Loop" not in ops and "Scan" not in ops
+    names = [i.name for i in model_proto.graph.input]
+    assert names == [t.name for t in model.inputs]
+    for value in model_proto.graph.input:  # batch and time stay dynamic
+        dims = value.type.tensor_type.shape.dim
+        assert not dims[0].HasField("dim_value")
+    result = verify_keras(model, model_proto, tolerance=1e-5)
+    assert result.passed, result.table()
+
+
+def test_report_is_stored_logged_and_names_layers(caplog):
+    model = _functional()
+    with caplog.at_level(logging.INFO, logger="tf2onnx_rnn"):
+        model_proto = tf2onnx_rnn.convert_keras(model, opset=17)
+    report = tf2onnx_rnn.report_of(model_proto)
+    assert [(o.layer, o.kind, o.became) for o in report.outcomes] == [("lstm_a", "LSTM", "LSTM"),
+                                                                       ("gru_b", "GRU", "GRU")]
+    assert any(p.key == tf2onnx_rnn.METADATA_KEY for p in model_proto.metadata_props)
+    assert "lstm_a" in caplog.text and "gru_b" in caplog.text
+    assert model_proto.opset_import[0].version == 17
+
+
+def test_output_path_and_ir_version_loadable(tmp_path):
+    import onnxruntime as ort
+
+    path = tmp_path / "model.onnx"
+    model_proto = tf2onnx_rnn.convert_keras(_sequential(), output_path=str(path))
+    assert onnx.load(str(path)) == model_proto
+    ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    assert not [p for p in tmp_path.iterdir() if p.name != "model.onnx"], "temporary files left behind"
+
+
+def _reject(view, skeleton):
+    raise NoMatch("rejected on purpose by the test", skeleton.y_t)
+
+
+def _explode(*args, **kwargs):
+    raise RuntimeError("injected failure")
+
+
+@pytest.mark.parametrize("target, attribute, replacement, reason", [
+    (gru_matcher, "match", _reject, "rejected on purpose by the test"),
+    (gru_matcher, "match", _explode, "internal error while matching: RuntimeError: injected failure"),
+    (pipeline, "emit", _explode, "internal error while emitting: RuntimeError: injected failure"),
+])
+def test_rejected_layer_stays_an_exact_loop(monkeypatch, target, attribute, replacement, reason):
+    model = _sequential()
+    monkeypatch.setattr(target, attribute, replacement)
+    model_proto = tf2onnx_rnn.convert_keras(model)
+    ops = _op_types(model_proto)
+    report = tf2onnx_rnn.report_of(model_proto)
+    by_kind = {o.kind: o for o in report.outcomes}
+    assert by_kind["GRU"].became == "Loop"
+    assert reason in by_kind["GRU"].reason
+    assert "Loop" in ops and "GRU" not in ops
+    if attribute == "match":
+        assert by_kind["SimpleRNN"].became == "RNN" and "RNN" in ops
+    result = verify_keras(model, model_proto, tolerance=1e-5)
+    assert result.passed, result.table()
+
+
+def test_model_without_inputs_is_a_clear_error():
+    model = keras.Sequential([keras.layers.LSTM(3)])
+    with pytest.raises(tf2onnx_rnn.ConversionError, match="no defined inputs"):
+        tf2onnx_rnn.convert_keras(model)
+
+
+def test_bad_opset_is_a_clear_error():
+    with pytest.raises(tf2onnx_rnn.ConversionError, match="opset 9 is not supported"):
+        tf2onnx_rnn.convert_keras(_sequential(), opset=9)
