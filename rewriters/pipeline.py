@@ -19,7 +19,7 @@ from . import CELL_MATCHERS
 from .adapt import build_layer, layer_name
 from .body import BodyView, read_skeleton
 from .emitter import emit
-from .layer import BodyMatch, Direction, NoMatch
+from .layer import BodyMatch, CellKind, Direction, NoMatch
 
 logger = logging.getLogger("tf2onnx_rnn")
 
@@ -27,8 +27,11 @@ _KIND_HINTS = (("lstm", "LSTM"), ("gru", "GRU"), ("simple_rnn", "SimpleRNN"))
 _LOOP_TYPES = ("While", "StatelessWhile")
 
 
+_LABELS = {CellKind.LSTM: "LSTM", CellKind.GRU: "GRU", CellKind.SIMPLE_RNN: "SimpleRNN"}
+
+
 def _kind_label(match: BodyMatch) -> str:
-    return {"LSTM": "LSTM", "GRU": "GRU", "RNN": "SimpleRNN"}[match.kind.value]
+    return _LABELS[match.kind]
 
 
 def _kind_hint(name: str) -> str:
@@ -82,11 +85,12 @@ class RecurrentRewriter:
                 logger.debug("the %s matcher raised", matcher.KIND.value, exc_info=True)
                 reasons.append((matcher.KIND, NoMatch(
                     f"internal error while matching: {type(error).__name__}: {error}")))
-        # the matcher whose state count fits got furthest; report its reason first
+        # report first the matcher whose state count fits and whose kind the scope names
         carried = len(skeleton.state_inputs)
-        reasons.sort(key=lambda item: item[0].state_count != carried)
+        hint = _kind_hint(view.graph.graph_name + " " + skeleton.y_t)
+        reasons.sort(key=lambda item: (item[0].state_count != carried, _LABELS[item[0]] != hint))
         kind, first = reasons[0]
-        raise NoMatch(f"not a {kind.value} cell: {first.reason}", first.node)
+        raise NoMatch(f"not a {_LABELS[kind]} cell: {first.reason}", first.node)
 
     # -- phase 2 -------------------------------------------------------------------------
     def _replace_loop(self, graph, loop) -> None:

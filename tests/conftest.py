@@ -1,9 +1,10 @@
 """Test setup shared by the suite.
 
-- TensorFlow's C++ logging is quietened and its thread pools kept small (the suite runs
-  under pytest-xdist on a small machine; every worker is its own process).
-- Keras 3 and tf_keras are both used in-process: ``TF_USE_LEGACY_KERAS`` must not be set,
-  or ``tf.keras`` would be tf_keras while ``import keras`` stays Keras 3.
+- TensorFlow's C++ logging is quietened and its thread pools are kept small: the suite runs
+  under pytest-xdist on a small machine, and every worker is its own process.
+- ``tests/`` is put on ``sys.path`` so test modules can ``import parity`` (shared helpers).
+- Keras 3 (``import keras``) and tf_keras (``import tf_keras``) are both used in one process;
+  each test picks its flavor (see ``parity.py``).
 """
 from __future__ import annotations
 
@@ -14,18 +15,19 @@ import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-if os.path.dirname(os.path.abspath(__file__)) not in sys.path:
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # `import parity` from any test module
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)
 
-def pytest_configure(config):
-    if os.environ.get("TF_USE_LEGACY_KERAS", "") not in ("", "0", "false", "False"):
-        raise pytest.UsageError("unset TF_USE_LEGACY_KERAS: the tests import keras (3) and tf_keras "
-                                "side by side and pick the flavor per test")
+
+@pytest.fixture(scope="session", autouse=True)
+def _small_tensorflow_thread_pools():
+    """One intra-op thread per worker; set before TensorFlow's runtime starts, if it has not."""
     import tensorflow as tf
 
     try:
         tf.config.threading.set_intra_op_parallelism_threads(1)
         tf.config.threading.set_inter_op_parallelism_threads(2)
-    except RuntimeError:  # TensorFlow's runtime already started: keep its settings
+    except RuntimeError:  # the runtime already started: keep its settings
         pass
-
+    yield

@@ -1,0 +1,279 @@
+"""Command line: convert a SavedModel or a Keras file, with recurrent layers as native ONNX nodes.
+
+    python -m tf2onnx_rnn.convert --saved-model DIR --output model.onnx [--opset N] [--verify]
+    python -m tf2onnx_rnn.convert --keras model.keras --output model.onnx
+
+Flags keep tf2onnx's spellings; where tf2onnx mixes hyphens and underscores both are accepted.
+The conversion report (and with ``--verify`` the verification table) goes to stdout.
+
+Exit status: 0 converted (and verified when asked); 1 verification failed; 2 bad input;
+3 internal error (a bug: the traceback is printed). Nothing is written unless the exit status is 0.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import os
+import sys
+import tempfile
+import traceback
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+from .api import ConversionError
+
+EXIT_OK = 0
+EXIT_VERIFICATION_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_INTERNAL_ERROR = 3
+
+KERAS_EXTENSIONS = (".keras", ".h5", ".hdf5")
+HDF5_EXTENSIONS = (".h5", ".hdf5")
+
+
+class UsageError(Exception):
+    """A command line argparse rejects."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse's hook: raise instead of printing usage and exiting
+        raise UsageError(f"{message} (see --help)")
+
+
+@dataclass
+class Conversion:
+    """A converted model and how to check it against its source."""
+
+    model_proto: object
+    verify: Callable  # (model_proto, tolerance) -> VerificationResult
+
+
+def _tolerance(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="tf2onnx-rnn",
+        description="Convert a TensorFlow SavedModel or a Keras model to ONNX with tf2onnx, turning "
+                    "Keras LSTM, GRU and SimpleRNN layers into native ONNX LSTM/GRU/RNN nodes.",
+        epilog="exit status: 0 converted, 1 verification failed, 2 bad input, 3 internal error; "
+               "the output file is written only on success.")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--saved-model", "--saved_model", dest="saved_model", metavar="DIR",
+                        help="a SavedModel directory (tf.saved_model, Keras 3 model.export, tf_keras save)")
+    source.add_argument("--keras", metavar="FILE", help="a Keras model file: .keras, or .h5 (Keras 3 or tf_keras)")
+    parser.add_argument("--output", required=True, metavar="FILE", help="the ONNX file to write")
+    parser.add_argument("--opset", type=int, metavar="N", help="ONNX opset (default: tf2onnx's)")
+    parser.add_argument("--signature_def", "--signature-def", dest="signature_def", metavar="NAME",
+                        help="the SavedModel signature to convert (default: the first)")
+    parser.add_argument("--tag", metavar="TAG", help="the SavedModel meta graph tag (default: serve)")
+    parser.add_argument("--verify", action="store_true",
+                        help="run the ONNX model in onnxruntime against TensorFlow before writing it")
+    parser.add_argument("--tolerance", type=_tolerance, default=1e-4, metavar="FLOAT",
+                        help="max abs error --verify accepts (default: %(default)g)")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks and TensorFlow's log")
+    return parser
+
+
+# -- environment -------------------------------------------------------------------------------
+def _quiet_tensorflow(debug: bool) -> None:
+    """Hush TensorFlow's startup log unless the user chose a level; takes effect before its import."""
+    if not debug:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    level = logging.DEBUG if debug else logging.ERROR
+    for name in ("tensorflow", "tf2onnx", "absl"):
+        logging.getLogger(name).setLevel(level)
+    logging.getLogger("tf2onnx_rnn").setLevel(logging.DEBUG if debug else logging.WARNING)
+
+
+# -- checks that need no TensorFlow ------------------------------------------------------------
+def check_arguments(args: argparse.Namespace) -> None:
+    """Reject bad input early, before the slow imports and the conversion."""
+    check_output(args.output)
+    if args.saved_model is not None:
+        check_saved_model_path(args.saved_model)
+    else:
+        check_keras_path(args.keras)
+        if args.signature_def is not None or args.tag is not None:
+            raise ConversionError("--signature_def and --tag apply to --saved-model only")
+    check_opset(args.opset)
+
+
+def check_output(path: str) -> None:
+    if os.path.isdir(path):
+        raise ConversionError(f"--output is a directory, not a file: {path}")
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise ConversionError(f"output directory does not exist: {directory}")
+    try:  # a real probe: os.access says yes to root even where writing fails
+        with tempfile.TemporaryFile(prefix=".tf2onnx_rnn-probe-", dir=directory):
+            pass
+    except OSError as error:
+        raise ConversionError(f"output directory is not writable: {directory} ({error.strerror})") from None
+
+
+def check_saved_model_path(path: str) -> None:
+    if not os.path.exists(path):
+        raise ConversionError(f"no such SavedModel directory: {path}")
+    if not os.path.isdir(path):
+        raise ConversionError(f"--saved-model needs a directory, got a file: {path}"
+                              + (" (use --keras for Keras files)" if path.lower().endswith(KERAS_EXTENSIONS)
+                                 else ""))
+
+
+def check_keras_path(path: str) -> None:
+    if not os.path.exists(path):
+        raise ConversionError(f"no such Keras file: {path}")
+    if os.path.isdir(path):
+        raise ConversionError(f"--keras needs a .keras or .h5 file, got a directory: {path} "
+                              "(use --saved-model for a SavedModel)")
+    if not path.lower().endswith(KERAS_EXTENSIONS):
+        raise ConversionError(f"--keras needs a .keras or .h5 file, got: {path}")
+
+
+def check_opset(opset: Optional[int]) -> None:
+    if opset is None:
+        return
+    from .api import supported_opsets
+
+    supported = supported_opsets()
+    if opset not in supported:
+        raise ConversionError(f"opset {opset} is not supported; use {supported.start} to {supported.stop - 1}")
+
+
+# -- loading and converting ------------------------------------------------------------------
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__
+
+
+def load_keras_model(path: str):
+    """Load with Keras 3; an .h5 file Keras 3 cannot read gets a second try with tf_keras."""
+    import keras
+
+    try:
+        return keras.models.load_model(path, compile=False)
+    except Exception as error:  # Keras raises many kinds for unreadable files
+        keras3_error = error
+    if not path.lower().endswith(HDF5_EXTENSIONS):
+        raise ConversionError(f"cannot load Keras model {path}: {_first_line(keras3_error)}") from keras3_error
+    return _load_with_tf_keras(path, keras3_error)
+
+
+def _load_with_tf_keras(path: str, keras3_error: Exception):
+    try:
+        import tf_keras
+    except ImportError:
+        raise ConversionError(f"cannot load Keras model {path} with Keras 3 ({_first_line(keras3_error)}), "
+                              "and tf_keras is not installed to try") from keras3_error
+    try:
+        return tf_keras.models.load_model(path, compile=False)
+    except Exception as error:  # as above
+        raise ConversionError(f"cannot load Keras model {path}: Keras 3: {_first_line(keras3_error)}; "
+                              f"tf_keras: {_first_line(error)}") from error
+
+
+def convert_saved_model(args: argparse.Namespace) -> Conversion:
+    from . import api
+    from .verify import verify_saved_model
+
+    model_proto = api.convert_saved_model(args.saved_model, opset=args.opset, signature_def=args.signature_def,
+                                          tag=args.tag)
+
+    def verify(proto, tolerance):
+        return verify_saved_model(args.saved_model, proto, signature_def=args.signature_def, tag=args.tag,
+                                  tolerance=tolerance)
+
+    return Conversion(model_proto, verify)
+
+
+def convert_keras_file(args: argparse.Namespace) -> Conversion:
+    from . import api
+    from .verify import verify_keras
+
+    model = load_keras_model(args.keras)
+    model_proto = api.convert_keras(model, opset=args.opset)
+    return Conversion(model_proto, lambda proto, tolerance: verify_keras(model, proto, tolerance=tolerance))
+
+
+# -- the run ---------------------------------------------------------------------------------
+def print_report(model_proto) -> None:
+    from .api import report_of
+
+    report = report_of(model_proto)
+    print(report.table() if report is not None else "no conversion report in the model")
+
+
+def verify(conversion: Conversion, tolerance: float) -> bool:
+    """Print the verification table; False (with the reason on stderr) when it fails."""
+    from .verify import VerificationError
+
+    try:
+        result = conversion.verify(conversion.model_proto, tolerance)
+    except VerificationError as error:
+        _error(f"verification failed: {_first_line(error)}")
+        return False
+    print(result.table())
+    if not result.passed:
+        worst = max((check.max_abs_error for check in result.checks), default=float("nan"))
+        _error(f"verification failed: max abs error {worst:.3g} exceeds the tolerance {tolerance:g}")
+    return result.passed
+
+
+def save(model_proto, path: str) -> None:
+    from .api import save_model
+
+    try:
+        save_model(model_proto, path)
+    except OSError as error:
+        raise ConversionError(f"cannot write {path}: {error.strerror or error}") from error
+
+
+def run(args: argparse.Namespace) -> int:
+    check_arguments(args)
+    convert = convert_saved_model if args.saved_model is not None else convert_keras_file
+    conversion = convert(args)
+    print_report(conversion.model_proto)
+    if args.verify and not verify(conversion, args.tolerance):
+        print(f"{args.output} was not written")
+        return EXIT_VERIFICATION_FAILED
+    save(conversion.model_proto, args.output)
+    print(f"wrote {args.output}")
+    return EXIT_OK
+
+
+def _error(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """The ``tf2onnx-rnn`` command; returns the exit status."""
+    try:
+        args = build_parser().parse_args(argv)
+    except UsageError as error:
+        _error(str(error))
+        return EXIT_BAD_INPUT
+    _quiet_tensorflow(args.debug)
+    try:
+        return run(args)
+    except ConversionError as error:
+        if args.debug:
+            traceback.print_exc()
+        _error(_first_line(error))
+        return EXIT_BAD_INPUT
+    except Exception as error:  # a bug, ours or a library's: show it in full
+        traceback.print_exc()
+        _error(f"internal error: {type(error).__name__}: {_first_line(error)}")
+        return EXIT_INTERNAL_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())
