@@ -10,7 +10,7 @@ import re
 import numpy as np
 
 from .evaluate import NotEvaluable, evaluate
-from .layer import BodyMatch, Direction, NoMatch, RecurrentLayer, StateRole, Wiring, require
+from .layer import BodyMatch, Direction, NodeDirection, NoMatch, Pass, RecurrentLayer, Wiring, require
 
 _WRAPPER_SCOPES = {"PartitionedCall", "StatefulPartitionedCall", "while"}
 
@@ -32,15 +32,16 @@ def layer_name(loop_name: str, known_layers: frozenset = frozenset()) -> str:
     return "/".join(parts) or loop_name
 
 
-def build_layer(graph, loop, match: BodyMatch, name: str) -> RecurrentLayer:
-    """Read weights, input, outputs and initial states of ``loop`` into a layer description."""
-    x, direction = _sequence_input(graph, loop, match)
-    weights = _gate_weights(graph, loop, match)
-    return RecurrentLayer(
-        name=name, kind=match.kind, direction=direction,
-        activations=match.activations, linear_before_reset=match.linear_before_reset,
-        wiring=Wiring(x=x, **_outputs(graph, loop, match), initial_states=_initial_states(graph, loop, match)),
-        **weights)
+def build_pass(graph, loop, match: BodyMatch, name: str) -> Pass:
+    """Read weights, input, outputs and initial states of ``loop`` into a pass description."""
+    x, x_unreversed = _sequence_input(graph, loop, match)
+    direction = Direction.FORWARD if x_unreversed is None else Direction.BACKWARD
+    outputs = _outputs(graph, loop, match, direction)
+    return Pass(loop=loop.name, name=name, kind=match.kind, direction=direction,
+                activations=match.activations, linear_before_reset=match.linear_before_reset,
+                wiring=Wiring(x=x, x_unreversed=x_unreversed, initial_states=_initial_states(graph, loop, match),
+                              **outputs),
+                **_gate_weights(graph, loop, match))
 
 
 def _slot_values(graph, loop):
@@ -89,26 +90,23 @@ def _gate_weights(graph, loop, match: BodyMatch) -> dict:
 
 
 def _sequence_input(graph, loop, match: BodyMatch):
-    """The time-major input [T, B, F], and whether Keras reversed it (go_backwards)."""
+    """The time-major input [T, B, F] the loop steps through, and the input before Keras
+    reversed it (go_backwards), or None for a forward loop."""
     source = graph.get_node_by_output(loop.input[match.input_slot])
     require(source is not None and source.type == "TensorListFromTensor",
             "the input sequence is not a TensorList made from a tensor", loop.name)
     x = source.input[0]
     producer = graph.get_node_by_output(x)
     if producer is not None and producer.type in ("ReverseV2", "Reverse"):
-        try:
-            axes = np.atleast_1d(evaluate(graph, producer.input[1])).tolist()
-        except NotEvaluable:
-            axes = []
-        if axes == [0]:
-            return x, Direction.BACKWARD
-    return x, Direction.FORWARD
+        if _constant_list(graph, producer.input[1]) == [0]:
+            return x, producer.input[0]
+    return x, None
 
 
-def _outputs(graph, loop, match: BodyMatch) -> dict:
+def _outputs(graph, loop, match: BodyMatch, direction: Direction) -> dict:
     """Which tensors of the outer graph the layer's outputs replace."""
     state_slots = dict((slot, role) for role, slot in match.states)
-    sequence, last, states = [], [], []
+    sequence, restored, last, states = [], [], [], []
     for slot, tensor in enumerate(loop.output):
         consumers = graph.find_output_consumers(tensor)
         if not consumers:
@@ -118,7 +116,11 @@ def _outputs(graph, loop, match: BodyMatch) -> dict:
                     "the output TensorList is used other than by TensorListStack", loop.name)
             stacked = [c.output[0] for c in consumers]
             if match.output_every_step:
-                sequence.extend(stacked)
+                undone = _reversals_undone(graph, stacked) if direction is Direction.BACKWARD else None
+                if undone is None:
+                    sequence.extend(stacked)
+                else:
+                    restored.extend(undone)
             else:
                 _require_single_element_list(graph, loop, slot)
                 last.extend(stacked)
@@ -126,9 +128,33 @@ def _outputs(graph, loop, match: BodyMatch) -> dict:
             states.append((state_slots[slot], tensor))
         else:
             raise NoMatch(f"loop output {slot} (not a state or the output) is used after the loop", loop.name)
-    replaced = sequence + last + [tensor for _, tensor in states]
+    replaced = sequence + restored + last + [tensor for _, tensor in states]
     require(not set(replaced) & set(graph.outputs), "a loop output is itself a graph output", loop.name)
-    return dict(sequence_output=tuple(sequence), last_output=tuple(last), final_states=tuple(states))
+    return dict(sequence_output=tuple(sequence), restored_output=tuple(restored), last_output=tuple(last),
+                final_states=tuple(states))
+
+
+def _reversals_undone(graph, stacked: list):
+    """Where Keras puts a backward sequence back in time order (Bidirectional does):
+    ``ReverseV2(Transpose(stack, [1, 0, 2]), axis=1)``. Returns those [B, T, H] tensors when
+    every use of the sequence goes through one, else None."""
+    restored = []
+    for tensor in stacked:
+        for transpose in graph.find_output_consumers(tensor):
+            if transpose.type != "Transpose" or _constant_list(graph, transpose.input[1]) != [1, 0, 2]:
+                return None
+            for reverse in graph.find_output_consumers(transpose.output[0]):
+                if reverse.type not in ("ReverseV2", "Reverse") or _constant_list(graph, reverse.input[1]) != [1]:
+                    return None
+                restored.append(reverse.output[0])
+    return restored or None
+
+
+def _constant_list(graph, tensor: str):
+    try:
+        return np.atleast_1d(evaluate(graph, tensor)).tolist()
+    except NotEvaluable:
+        return None
 
 
 def _require_single_element_list(graph, loop, slot: int) -> None:
@@ -162,3 +188,50 @@ def _is_zero(graph, tensor: str) -> bool:
     if node.is_const():
         return not np.any(node.get_tensor_value(as_list=False))
     return False
+
+
+def plan_nodes(graph, passes: list) -> list:
+    """Group passes into ONNX nodes: a forward and a backward pass over the same input become
+    one bidirectional node; every other pass is a node of its own."""
+    layers, remaining = [], list(passes)
+    while remaining:
+        current = remaining.pop(0)
+        partner = next((p for p in remaining if _pairs(graph, current, p)), None)
+        if partner is None:
+            layers.append(_single(current))
+            continue
+        remaining.remove(partner)
+        forward, backward = (current, partner) if current.direction is Direction.FORWARD else (partner, current)
+        layers.append(RecurrentLayer(x=forward.wiring.x, direction=NodeDirection.BIDIRECTIONAL,
+                                     passes=(forward, backward)))
+    return layers
+
+
+def _single(one: Pass) -> RecurrentLayer:
+    """A backward pass whose step-order outputs nobody uses runs ONNX's reverse direction over
+    the unreversed input (no reversal op); otherwise a pass runs forward over its own input."""
+    wiring = one.wiring
+    if one.direction is Direction.BACKWARD and not wiring.sequence_output:
+        return RecurrentLayer(x=wiring.x_unreversed, direction=NodeDirection.REVERSE, passes=(one,))
+    return RecurrentLayer(x=wiring.x, direction=NodeDirection.FORWARD, passes=(one,))
+
+
+def _pairs(graph, a: Pass, b: Pass) -> bool:
+    if {a.direction, b.direction} != {Direction.FORWARD, Direction.BACKWARD}:
+        return False
+    forward, backward = (a, b) if a.direction is Direction.FORWARD else (b, a)
+    same_shape = (a.kind, a.hidden_size, a.input_size, a.dtype, a.linear_before_reset) == \
+        (b.kind, b.hidden_size, b.input_size, b.dtype, b.linear_before_reset)
+    same_states = {r for r, _ in a.wiring.initial_states} == {r for r, _ in b.wiring.initial_states}
+    return (same_shape and same_states and not backward.wiring.sequence_output
+            and _same_tensor(graph, forward.wiring.x, backward.wiring.x_unreversed))
+
+
+def _same_tensor(graph, a: str, b: str) -> bool:
+    """Whether two tensors are equal by construction: the same, or one Transpose of one input."""
+    if a == b:
+        return True
+    node_a, node_b = graph.get_node_by_output(a), graph.get_node_by_output(b)
+    return (node_a is not None and node_b is not None and node_a.type == node_b.type == "Transpose"
+            and node_a.input[0] == node_b.input[0]
+            and _constant_list(graph, node_a.input[1]) == _constant_list(graph, node_b.input[1]))

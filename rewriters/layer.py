@@ -43,7 +43,12 @@ class CellKind(enum.Enum):
 
     @property
     def state_count(self) -> int:
-        return 2 if self is CellKind.LSTM else 1
+        return len(self.state_roles)
+
+    @property
+    def state_roles(self) -> tuple:
+        """The states in ONNX order (initial_h, initial_c)."""
+        return (StateRole.HIDDEN, StateRole.CELL) if self is CellKind.LSTM else (StateRole.HIDDEN,)
 
 
 class Direction(enum.Enum):
@@ -110,28 +115,56 @@ class BodyMatch:
 
 @dataclass(frozen=True)
 class Wiring:
-    """Where the layer sits in the outer graph: its input and the tensors it replaces."""
+    """Where one direction of a layer sits in the outer graph: its input and what it replaces."""
 
-    x: str  # time-major input [T, B, F]
-    sequence_output: tuple[str, ...] = ()  # tensors that become Y squeezed to [T, B, H]
-    last_output: tuple[str, ...] = ()  # tensors that become Y_h, [1, B, H]
-    final_states: tuple[tuple[StateRole, str], ...] = ()  # tensors that become a state, [B, H]
+    x: str  # time-major input [T, B, F], in the order the Keras loop steps through it
+    x_unreversed: Optional[str] = None  # for a backward pass: the input before Keras reversed it
+    sequence_output: tuple[str, ...] = ()  # become Y squeezed to [T, B, H], in step order
+    restored_output: tuple[str, ...] = ()  # backward pass: [B, T, H] outputs Keras put back in time order
+    last_output: tuple[str, ...] = ()  # become Y_h, [1, B, H]
+    final_states: tuple[tuple[StateRole, str], ...] = ()  # become a state, [B, H]
     initial_states: tuple[tuple[StateRole, str], ...] = ()  # [B, H] tensors; absent roles start at zero
 
 
 @dataclass(frozen=True, eq=False)
-class RecurrentLayer:
-    """One Keras recurrent layer, ready to emit as one ONNX node."""
+class Pass:
+    """One direction of a layer: what one Keras while-loop computes, and where it sits."""
 
-    name: str
+    loop: str  # the loop node's name
+    name: str  # the Keras layer
     kind: CellKind
+    direction: Direction
     hidden_size: int
     input_size: int
+    dtype: np.dtype
+    linear_before_reset: bool  # GRU only
     W: np.ndarray  # [G*H, F], ONNX gate order
     R: np.ndarray  # [G*H, H]
     B: np.ndarray  # [2*G*H] = [Wb, Rb]
     activations: tuple[Activation, ...]
-    direction: Direction
     wiring: Wiring
-    linear_before_reset: bool = False
-    dtype: np.dtype = field(default_factory=lambda: np.dtype(np.float32))
+
+
+class NodeDirection(enum.Enum):
+    """The ONNX ``direction`` attribute."""
+
+    FORWARD = "forward"
+    REVERSE = "reverse"
+    BIDIRECTIONAL = "bidirectional"
+
+
+@dataclass(frozen=True, eq=False)
+class RecurrentLayer:
+    """One ONNX recurrent node to emit: one pass, or a forward and a backward pass."""
+
+    x: str  # the node's X, time-major
+    direction: NodeDirection
+    passes: tuple[Pass, ...]  # in ONNX direction order
+
+    @property
+    def first(self) -> Pass:
+        return self.passes[0]
+
+    @property
+    def name(self) -> str:
+        return self.first.name

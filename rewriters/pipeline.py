@@ -16,10 +16,10 @@ from typing import Iterable, Optional, Union
 
 from ..report import ConversionReport, LoopOutcome
 from . import CELL_MATCHERS
-from .adapt import build_layer, layer_name
+from .adapt import build_pass, layer_name, plan_nodes
 from .body import BodyView, read_skeleton
 from .emitter import emit
-from .layer import BodyMatch, CellKind, Direction, NoMatch
+from .layer import BodyMatch, CellKind, NoMatch, Pass
 
 logger = logging.getLogger("tf2onnx_rnn")
 
@@ -28,10 +28,6 @@ _LOOP_TYPES = ("While", "StatelessWhile")
 
 
 _LABELS = {CellKind.LSTM: "LSTM", CellKind.GRU: "GRU", CellKind.SIMPLE_RNN: "SimpleRNN"}
-
-
-def _kind_label(match: BodyMatch) -> str:
-    return _LABELS[match.kind]
 
 
 def _kind_hint(name: str) -> str:
@@ -50,8 +46,9 @@ class RecurrentRewriter:
     def __call__(self, graph, ops):
         if any(op.type == "TensorListGetItem" for op in ops):
             self._read_body(graph)
-        for loop in [op for op in ops if op.type in _LOOP_TYPES]:
-            self._replace_loop(graph, loop)
+        loops = [op for op in ops if op.type in _LOOP_TYPES]
+        if loops:
+            self._replace_loops(graph, loops)
         return graph.get_nodes()
 
     # -- phase 1 -------------------------------------------------------------------------
@@ -93,33 +90,54 @@ class RecurrentRewriter:
         raise NoMatch(f"not a {_LABELS[kind]} cell: {first.reason}", first.node)
 
     # -- phase 2 -------------------------------------------------------------------------
-    def _replace_loop(self, graph, loop) -> None:
+    def _replace_loops(self, graph, loops) -> None:
+        passes = [p for p in (self._read_pass(graph, loop) for loop in loops) if p is not None]
+        try:
+            layers = plan_nodes(graph, passes)
+        except Exception:  # pairing is an optimisation: without it every pass is its own node
+            logger.debug("pairing directions raised", exc_info=True)
+            layers = [plan_nodes(graph, [p])[0] for p in passes]
+        for layer in layers:
+            self._emit(graph, layer)
+
+    def _read_pass(self, graph, loop) -> Optional[Pass]:
         body = loop.get_attr_str("body")
         entry = self.bodies.get(body)
         name = layer_name(loop.name, self.layer_names)
         if entry is None:
-            return  # a body with no TensorList reads: not a recurrent layer, nothing to report
+            return None  # a body with no TensorList reads: not a recurrent layer, nothing to report
         if isinstance(entry, NoMatch):
-            self._record(LoopOutcome(loop=loop.name, layer=name, kind=_kind_hint(loop.name + body),
-                                     direction="", became="Loop", reason=entry.reason, where=entry.node))
-            return
+            kind = _kind_hint(loop.name + " " + body)
+            self._record_loop(loop.name, name, kind, entry.reason, entry.node)
+            return None
         try:
-            layer = build_layer(graph, loop, entry, name)
-            node = emit(graph, layer)
+            return build_pass(graph, loop, entry, name)
         except NoMatch as no_match:
-            self._record(LoopOutcome(loop=loop.name, layer=name, kind=_kind_label(entry), direction="",
-                                     became="Loop", reason=no_match.reason, where=no_match.node))
-            return
+            self._record_loop(loop.name, name, _LABELS[entry.kind], no_match.reason, no_match.node)
         except Exception as error:  # never abort the conversion
-            logger.debug("emitting %s raised", loop.name, exc_info=True)
-            self._record(LoopOutcome(loop=loop.name, layer=name, kind=_kind_label(entry), direction="",
-                                     became="Loop",
-                                     reason=f"internal error while emitting: {type(error).__name__}: {error}"))
+            logger.debug("reading %s raised", loop.name, exc_info=True)
+            self._record_loop(loop.name, name, _LABELS[entry.kind],
+                              f"internal error while reading the loop: {type(error).__name__}: {error}")
+        return None
+
+    def _emit(self, graph, layer) -> None:
+        try:
+            node = emit(graph, layer)
+        except Exception as error:  # never abort the conversion
+            logger.debug("emitting %s raised", layer.name, exc_info=True)
+            for one in layer.passes:
+                self._record_loop(one.loop, one.name, _LABELS[one.kind],
+                                  f"internal error while emitting: {type(error).__name__}: {error}")
             return
-        direction = "backward" if layer.direction is Direction.BACKWARD else "forward"
-        self._record(LoopOutcome(loop=loop.name, layer=name, kind=_kind_label(entry), direction=direction,
-                                 became=layer.kind.onnx_op, node=node,
-                                 activations=", ".join(str(a) for a in layer.activations)))
+        for one in layer.passes:
+            self._record(LoopOutcome(loop=one.loop, layer=one.name, kind=_LABELS[one.kind],
+                                     direction=one.direction.value, became=one.kind.onnx_op, node=node,
+                                     node_direction=layer.direction.value,
+                                     activations=", ".join(str(a) for a in one.activations)))
+
+    def _record_loop(self, loop: str, layer: str, kind: str, reason: str, where: str = "") -> None:
+        self._record(LoopOutcome(loop=loop, layer=layer, kind=kind, direction="", became="Loop",
+                                 reason=reason, where=where))
 
     def _record(self, outcome: LoopOutcome) -> None:
         self.report.add(outcome)

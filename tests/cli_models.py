@@ -1,17 +1,11 @@
 """Small models for the CLI tests.
 
-Keras 3 models are built in the test process. The tf_keras (Keras 2) ones are built in a child
-process with ``TF_USE_LEGACY_KERAS=1``, so the two Keras versions never share a process:
-``python tests/cli_models.py tf_keras OUT_DIR`` writes ``OUT_DIR/saved_model`` and
-``OUT_DIR/model.h5``.
+Keras 3 (``import keras``) and tf_keras (``import tf_keras``) models are built in the same
+process: the two coexist (see ``parity.py``), as long as ``TF_USE_LEGACY_KERAS`` stays unset.
 
 Every weight is random, biases included, so a mis-mapped gate or bias shows up in verification.
 """
 from __future__ import annotations
-
-import os
-import subprocess
-import sys
 
 import numpy as np
 
@@ -77,20 +71,7 @@ def tf_keras_rnn_lstm():
     return model
 
 
-def build_tf_keras(out_dir: str) -> None:
-    """Write the tf_keras model as ``out_dir/saved_model`` and ``out_dir/model.h5``."""
-    model = tf_keras_rnn_lstm()
-    model.save(os.path.join(out_dir, "saved_model"), save_format="tf")
-    model.save(os.path.join(out_dir, "model.h5"), save_format="h5")
-
-
-def build_tf_keras_in_subprocess(out_dir: str) -> None:
-    env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2")
-    subprocess.run([sys.executable, os.path.abspath(__file__), "tf_keras", out_dir], check=True, env=env,
-                   capture_output=True, text=True, timeout=600)
-
-
-if __name__ == "__main__":
-    if sys.argv[1:2] != ["tf_keras"] or len(sys.argv) != 3:
-        sys.exit("usage: cli_models.py tf_keras OUT_DIR")
-    build_tf_keras(sys.argv[2])
+def save_tf_keras(model, saved_model_dir: str, h5_path: str) -> None:
+    """A tf_keras model as a SavedModel directory and as a legacy .h5 file."""
+    model.save(saved_model_dir, save_format="tf")
+    model.save(h5_path, save_format="h5")

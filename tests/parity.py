@@ -15,7 +15,7 @@ import importlib
 import itertools
 import re
 import zlib
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from typing import Iterable, Optional, Sequence
 
 import numpy as np
@@ -199,7 +199,6 @@ class Converted:
     model: object = None  # the Keras model
     proto: Optional[onnx.ModelProto] = None
     error: Optional[BaseException] = None
-    sessions: dict = field(default_factory=dict)
 
     def get(self) -> "Converted":
         """Self, or re-raise the conversion error."""
@@ -268,11 +267,16 @@ def attribute(node: onnx.NodeProto, name: str):
     return None
 
 
+def report_table(model_proto: onnx.ModelProto) -> str:
+    """The stored conversion report as text, for failure messages."""
+    from tf2onnx_rnn import report_of
+
+    report = report_of(model_proto)
+    return report.table() if report is not None else "(no conversion report in the model)"
+
+
 def layer_matches(report_layer: str, keras_layer: str) -> bool:
     """The report's layer (from TF name scopes) names the Keras layer; Keras 3 scopes may
     carry a ``_<n>`` suffix (``uut_lstm_1`` for layer ``uut_lstm``)."""
     return re.fullmatch(re.escape(keras_layer) + r"(_\d+)?", report_layer) is not None
 
-
-def describe(case: Case) -> str:
-    return ", ".join(f"{f.name}={getattr(case, f.name)!r}" for f in fields(case))

@@ -47,7 +47,8 @@ def test_one_native_node_of_the_layers_op(flavor: str, case: Case):
     proto = parity.converted(flavor, case).proto
     recurrent = parity.nodes_of_types(proto, parity.RECURRENT_OPS)
     assert [n.op_type for n in recurrent] == [ONNX_OP[case.kind]], \
-        f"expected one {ONNX_OP[case.kind]} node, got {[(n.op_type, n.name) for n in recurrent]}"
+        f"expected one {ONNX_OP[case.kind]} node, got {[(n.op_type, n.name) for n in recurrent]}\n" \
+        + parity.report_table(proto)
     (node,) = recurrent
     assert parity.attribute(node, "hidden_size") == parity.UNITS
 
@@ -58,7 +59,7 @@ def test_one_native_node_of_the_layers_op(flavor: str, case: Case):
 def test_no_loop_or_scan_anywhere(flavor: str, case: Case):
     proto = parity.converted(flavor, case).proto
     loops = parity.nodes_of_types(proto, parity.LOOP_OPS)
-    assert not loops, f"Loop/Scan nodes left: {[(n.op_type, n.name) for n in loops]}"
+    assert not loops, f"Loop/Scan nodes left: {[(n.op_type, n.name) for n in loops]}\n" + parity.report_table(proto)
 
 
 # -- (c) numerical parity -------------------------------------------------------------------

@@ -18,6 +18,7 @@ import os
 import sys
 import tempfile
 import traceback
+import zipfile
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
@@ -84,14 +85,49 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # -- environment -------------------------------------------------------------------------------
-def _quiet_tensorflow(debug: bool) -> None:
-    """Hush TensorFlow's startup log unless the user chose a level; takes effect before its import."""
-    if not debug:
-        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    level = logging.DEBUG if debug else logging.ERROR
+def _quiet_logs(debug: bool) -> None:
+    """Hush TensorFlow's and tf2onnx's logs (not ours) unless --debug or the user chose a level.
+
+    Level 3 is what tf2onnx's own CLI sets; without it TensorFlow builds with CUDA log an
+    ``E`` line on every machine without a GPU. Real failures still surface as exceptions.
+    """
+    if debug:
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    else:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     for name in ("tensorflow", "tf2onnx", "absl"):
-        logging.getLogger(name).setLevel(level)
+        logging.getLogger(name).setLevel(logging.INFO if debug else logging.ERROR)
     logging.getLogger("tf2onnx_rnn").setLevel(logging.DEBUG if debug else logging.WARNING)
+
+
+def import_tensorflow(debug: bool) -> None:
+    """Import TensorFlow, holding back the lines its C++ side writes to stderr while loading.
+
+    TensorFlow logs those before its log level applies. They are shown after all if the
+    import fails, and always with --debug.
+    """
+    if debug or "tensorflow" in sys.modules:
+        import tensorflow  # noqa: F401
+        return
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:  # no stderr to guard
+        import tensorflow  # noqa: F401
+        return
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        failed = True
+        try:
+            import tensorflow  # noqa: F401
+            failed = False
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            if failed:
+                held.seek(0)
+                sys.stderr.write(held.read().decode(errors="replace"))
 
 
 # -- checks that need no TensorFlow ------------------------------------------------------------
@@ -104,7 +140,6 @@ def check_arguments(args: argparse.Namespace) -> None:
         check_keras_path(args.keras)
         if args.signature_def is not None or args.tag is not None:
             raise ConversionError("--signature_def and --tag apply to --saved-model only")
-    check_opset(args.opset)
 
 
 def check_output(path: str) -> None:
@@ -137,6 +172,13 @@ def check_keras_path(path: str) -> None:
                               "(use --saved-model for a SavedModel)")
     if not path.lower().endswith(KERAS_EXTENSIONS):
         raise ConversionError(f"--keras needs a .keras or .h5 file, got: {path}")
+    if path.lower().endswith(HDF5_EXTENSIONS):
+        import h5py
+
+        if not h5py.is_hdf5(path):
+            raise ConversionError(f"not an HDF5 file: {path}")
+    elif not zipfile.is_zipfile(path):
+        raise ConversionError(f"not a .keras model archive (a .keras file is a zip archive): {path}")
 
 
 def check_opset(opset: Optional[int]) -> None:
@@ -239,6 +281,8 @@ def save(model_proto, path: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     check_arguments(args)
+    import_tensorflow(args.debug)
+    check_opset(args.opset)
     convert = convert_saved_model if args.saved_model is not None else convert_keras_file
     conversion = convert(args)
     print_report(conversion.model_proto)
@@ -261,7 +305,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except UsageError as error:
         _error(str(error))
         return EXIT_BAD_INPUT
-    _quiet_tensorflow(args.debug)
+    _quiet_logs(args.debug)
     try:
         return run(args)
     except ConversionError as error:

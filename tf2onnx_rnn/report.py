@@ -25,6 +25,7 @@ class LoopOutcome:
     reason: str = ""  # why it stayed a Loop
     where: str = ""  # the node at which the matcher stopped
     activations: str = ""
+    node_direction: str = ""  # the ONNX node's direction attribute (bidirectional when paired)
 
     @property
     def fused(self) -> bool:
@@ -59,7 +60,10 @@ class ConversionReport:
         """A plain-text table, one row per loop, then the summary line."""
         rows = [("layer", "kind", "direction", "became", "details")]
         for o in self.outcomes:
-            details = o.activations if o.fused else o.reason + (f" (at {o.where})" if o.where else "")
+            if o.fused:
+                details = o.activations + ("; one bidirectional node" if o.node_direction == "bidirectional" else "")
+            else:
+                details = o.reason + (f" (at {o.where})" if o.where else "")
             rows.append((o.layer, o.kind, o.direction or "-", o.became, details))
         widths = [max(len(r[i]) for r in rows) for i in range(4)]
         lines = ["  ".join(cell.ljust(width) for cell, width in zip(row[:4], widths)) + "  " + row[4]
