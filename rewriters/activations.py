@@ -33,15 +33,18 @@ def _candidates(f: Callable[[np.ndarray], np.ndarray]):
     yield Activation("Softsign"), lambda x: x / (1 + np.abs(x))
     yield Activation("Softplus"), lambda x: np.logaddexp(x, 0)
 
-    one = np.float32(1.0)
-    f0, f1, fm1 = (float(v) for v in f(np.array([0.0, one, -one], np.float32)))
-    slope = (float(f(np.array([0.25], np.float32))[0]) - float(f(np.array([-0.25], np.float32))[0])) / 0.5
+    values = np.asarray(f(_PROBES), dtype=np.float64)
+    fm1 = float(f(np.array([-1.0], np.float32))[0])
+    f0, f1 = (float(v) for v in f(np.array([0.0, 1.0], np.float32)))
 
-    alpha, beta = _round(slope), _round(f0)
+    alpha, beta = _line(_PROBES, values)
     yield Activation("Affine", alpha, beta), lambda x: alpha * x + beta
-    if alpha > 0:
-        yield (Activation("HardSigmoid", alpha, beta),
-               lambda x: np.clip(alpha * x + beta, 0, 1))
+    ramp = (values > 1e-6) & (values < 1 - 1e-6)  # HardSigmoid's linear part, away from its kinks
+    if np.count_nonzero(ramp) >= 2:
+        slope, offset = _line(_PROBES[ramp], values[ramp])
+        if slope > 0:
+            yield (Activation("HardSigmoid", slope, offset),
+                   lambda x: np.clip(slope * x + offset, 0, 1))
     leak = _round(-fm1)
     yield Activation("LeakyRelu", leak), lambda x: np.where(x >= 0, x, leak * x)
     scale_a = _round(-float(f(np.array([-30.0], np.float32))[0]))
@@ -52,6 +55,12 @@ def _candidates(f: Callable[[np.ndarray], np.ndarray]):
         if a != 0 and abs(f1 / a) < 1:
             b = _round(float(np.arctanh(f1 / a)))
             yield Activation("ScaledTanh", a, b), lambda x: a * np.tanh(b * x)
+
+
+def _line(points: np.ndarray, values: np.ndarray) -> tuple:
+    """Least-squares slope and intercept, snapped to short values."""
+    slope, intercept = np.polyfit(points.astype(np.float64), values, 1)
+    return _round(float(slope)), _round(float(intercept))
 
 
 def _round(value: float) -> float:

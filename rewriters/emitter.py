@@ -60,8 +60,8 @@ def _attributes(layer: RecurrentLayer) -> dict:
 class _Emission:
     """Builds one node and collects (old tensor, new tensor) replacements."""
 
-    def __init__(self, graph, layer: RecurrentLayer):
-        self.graph, self.layer = graph, layer
+    def __init__(self, graph, layer: RecurrentLayer, renamed: dict):
+        self.graph, self.layer, self.renamed = graph, layer, renamed
         self.builder = GraphBuilder(graph)
         self.name = utils.make_name(layer.name.replace("/", "_") + "_" + layer.first.kind.onnx_op)
         self.replacements: list = []
@@ -75,7 +75,7 @@ class _Emission:
         given = [dict(one.wiring.initial_states).get(role) for one in self.layer.passes]
         if not any(given):
             return ""
-        parts = [self.builder.make_unsqueeze({"data": tensor, "axes": [0]}) for tensor in given]
+        parts = [self.builder.make_unsqueeze({"data": self.current(tensor), "axes": [0]}) for tensor in given]
         if len(parts) == 1:
             return parts[0]
         return self.graph.make_node("Concat", parts, attr={"axis": 0}).output[0]
@@ -90,7 +90,7 @@ class _Emission:
     def node(self):
         first, layer = self.layer.first, self.layer
         inputs = [""] * len(Slot)
-        inputs[Slot.X] = layer.x
+        inputs[Slot.X] = self.current(layer.x)
         inputs[Slot.W] = self.stacked_const("W", "W")
         inputs[Slot.R] = self.stacked_const("R", "R")
         inputs[Slot.B] = self.stacked_const("B", "B")
@@ -123,19 +123,26 @@ class _Emission:
             for role, old in wiring.final_states:
                 self.replace([old], self.per_direction(node.output[_STATE_OUTPUT[role]], index, 0))
 
+    def current(self, tensor: str) -> str:
+        """A tensor's name now: an earlier node of this graph may have replaced it."""
+        return self.renamed.get(tensor, tensor)
+
     def replace(self, olds, new: str) -> None:
         self.replacements.extend((old, new) for old in olds)
 
 
-def emit(graph, layer: RecurrentLayer) -> str:
+def emit(graph, layer: RecurrentLayer, renamed: dict) -> str:
     """Add the node for ``layer`` to ``graph`` and rewire the tensors it replaces.
 
+    ``renamed`` maps tensors that earlier emissions in this graph replaced to their
+    replacements (an encoder's states feeding a decoder, say); it is read and extended.
     Every node is built before anything is rewired, so a failure leaves the graph as it was
     (apart from unused nodes, which tf2onnx removes). Returns the new node's name.
     """
-    emission = _Emission(graph, layer)
+    emission = _Emission(graph, layer, renamed)
     node = emission.node()
     emission.wire(node)
     for old, new in emission.replacements:
         graph.replace_all_inputs(old, new)
+        renamed[old] = new
     return node.name

@@ -97,8 +97,9 @@ class RecurrentRewriter:
         except Exception:  # pairing is an optimisation: without it every pass is its own node
             logger.debug("pairing directions raised", exc_info=True)
             layers = [plan_nodes(graph, [p])[0] for p in passes]
+        renamed: dict = {}
         for layer in layers:
-            self._emit(graph, layer)
+            self._emit(graph, layer, renamed)
 
     def _read_pass(self, graph, loop) -> Optional[Pass]:
         body = loop.get_attr_str("body")
@@ -120,9 +121,9 @@ class RecurrentRewriter:
                               f"internal error while reading the loop: {type(error).__name__}: {error}")
         return None
 
-    def _emit(self, graph, layer) -> None:
+    def _emit(self, graph, layer, renamed: dict) -> None:
         try:
-            node = emit(graph, layer)
+            node = emit(graph, layer, renamed)
         except Exception as error:  # never abort the conversion
             logger.debug("emitting %s raised", layer.name, exc_info=True)
             for one in layer.passes:
