@@ -183,7 +183,11 @@ class BodyView:
         if not chain:
             return pre, identify(lambda points: points, value)
         graph, resolved = self.graph, self.resolve(value)
-        return pre, identify(lambda points: evaluate(graph, resolved, {pre: points}), value)
+        try:
+            return pre, identify(lambda points: evaluate(graph, resolved, {pre: points}), value)
+        except NoMatch as no_match:
+            ops = "(" + ", ".join(node.type for node in reversed(chain)) + ")"
+            raise NoMatch(f"activation {ops}: {no_match.reason}", no_match.node) from no_match
 
     # -- affine forms -----------------------------------------------------------------
     def sum_terms(self, tensor: str) -> list[str]:
@@ -208,7 +212,8 @@ class BodyView:
                 biases.append(_selected(bias, select))
                 continue
             require(node is not None and node.type == "MatMul",
-                    "a gate pre-activation term is not x @ W, h @ R or a bias", term)
+                    f"a gate pre-activation term ({node.type if node else 'input'}) is not x @ W, h @ R "
+                    "or a bias", term)
             require(not node.get_attr_value("transpose_a", 0), "MatMul with transpose_a", node.name)
             operand, weight = self.operands(node)
             source = self.static_source(weight, constant_slots)

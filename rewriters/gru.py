@@ -9,7 +9,7 @@ Keras's gate order z, r, h is ONNX's; the activations are (f, g) = (ra, a).
 from __future__ import annotations
 
 from .body import BodyView, Skeleton
-from .layer import BodyMatch, CellKind, GateForm, StateRole, require
+from .layer import BodyMatch, CellKind, GateForm, NoMatch, StateRole, require
 
 KIND = CellKind.GRU
 
@@ -37,10 +37,10 @@ def match(view: BodyView, skeleton: Skeleton) -> BodyMatch:
     hh_pre, candidate_activation = view.gate(candidate)
 
     # hh's pre-activation: x terms plus one reset term
-    reset_terms = [t for t in view.sum_terms(hh_pre) if _reset_operand(view, t, h_prev) is not None]
+    reset_terms = [t for t in view.sum_terms(hh_pre) if _reset_operand(view, t, h_prev, constants) is not None]
     require(len(reset_terms) == 1, "the candidate does not apply the reset gate once", hh_pre)
     reset_node = view.producer(reset_terms[0])
-    r, recurrent_part, reset_after = _reset_operand(view, reset_terms[0], h_prev)
+    r, recurrent_part, reset_after = _reset_operand(view, reset_terms[0], h_prev, constants)
     r_pre, r_activation = view.gate(r)
     require(r_activation == gate_activation, "the reset and update gates use different activations",
             r)
@@ -82,7 +82,7 @@ def _is_one_minus(view: BodyView, tensor: str, z: str) -> bool:
             and view.scalar(node.input[0]) == 1.0 and view.resolve(node.input[1]) == z)
 
 
-def _reset_operand(view: BodyView, term: str, h_prev: str):
+def _reset_operand(view: BodyView, term: str, h_prev: str, constants: frozenset):
     """For the reset term of hh: (r, the part r multiplies, reset_after), else None.
 
     reset_after:  ``r * (h @ Rh + bh)``  -> (r, that tensor, True)
@@ -102,18 +102,17 @@ def _reset_operand(view: BodyView, term: str, h_prev: str):
         return r, view.resolve(node.input[1]), False
     if node.type == "Mul":
         first, second = view.operands(node)
-        # r is the factor computed through a (sigmoid-like) activation from x and h;
-        # the other is a MatMul-based block h @ Rh (+ bh)
+        # the part r scales depends on h alone (h @ Rh + bh); r itself depends on x too
         for r, part in ((first, second), (second, first)):
-            if _is_projection(view, part) and not _is_projection(view, r):
+            if _recurrent_only(view, part, h_prev, constants) and not _recurrent_only(view, r, h_prev, constants):
                 return r, part, True
     return None
 
 
-def _is_projection(view: BodyView, tensor: str) -> bool:
-    """Whether ``tensor`` is a (column block of a) sum with a MatMul term and no activation."""
-    for leaf, _ in view.terms(tensor):
-        node = view.producer(leaf)
-        if node is not None and node.type == "MatMul":
-            return True
-    return False
+def _recurrent_only(view: BodyView, tensor: str, h_prev: str, constants: frozenset) -> bool:
+    """Whether ``tensor`` is ``h @ R (+ b)``, with no x term and no activation."""
+    try:
+        affine = view.affine(tensor, x_t="", h_prev=h_prev, constant_slots=constants)
+    except NoMatch:
+        return False
+    return affine.recurrent_weight is not None and affine.input_weight is None

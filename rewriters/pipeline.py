@@ -72,6 +72,10 @@ class RecurrentRewriter:
 
     @staticmethod
     def _match_cell(view: BodyView, skeleton) -> BodyMatch:
+        carried = len(skeleton.state_inputs)
+        if carried > max(kind.state_count for kind in CellKind):
+            raise NoMatch(f"the loop carries {carried} states: several cells in one loop (StackedRNNCells) "
+                          "are not fused", skeleton.y_t)
         reasons = []
         for matcher in CELL_MATCHERS:
             try:
@@ -83,7 +87,6 @@ class RecurrentRewriter:
                 reasons.append((matcher.KIND, NoMatch(
                     f"internal error while matching: {type(error).__name__}: {error}")))
         # report first the matcher whose state count fits and whose kind the scope names
-        carried = len(skeleton.state_inputs)
         hint = _kind_hint(view.graph.graph_name + " " + skeleton.y_t)
         reasons.sort(key=lambda item: (item[0].state_count != carried, _LABELS[item[0]] != hint))
         kind, first = reasons[0]
