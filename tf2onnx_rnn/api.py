@@ -194,9 +194,10 @@ def save_model(model_proto: onnx.ModelProto, output_path: str) -> None:
     directory = os.path.dirname(os.path.abspath(output_path))
     if not os.path.isdir(directory):
         raise ConversionError(f"output directory does not exist: {directory}")
-    if not os.access(directory, os.W_OK):
-        raise ConversionError(f"output directory is not writable: {directory}")
-    handle, temporary = tempfile.mkstemp(prefix=".tf2onnx_rnn-", suffix=".onnx", dir=directory)
+    try:
+        handle, temporary = tempfile.mkstemp(prefix=".tf2onnx_rnn-", suffix=".onnx", dir=directory)
+    except OSError as error:
+        raise ConversionError(f"output directory is not writable: {directory} ({error.strerror})") from error
     try:
         with os.fdopen(handle, "wb") as stream:
             stream.write(model_proto.SerializeToString())
@@ -288,7 +289,7 @@ def _signature_names(path: str, tag: Optional[str]) -> set:
     names = set()
     for meta in saved_model_utils.read_saved_model(path).meta_graphs:
         if tag is None or tag in meta.meta_info_def.tags:
-            names.update(meta.signature_def.keys())
+            names.update(k for k in meta.signature_def.keys() if not k.startswith("__"))
     return names
 
 

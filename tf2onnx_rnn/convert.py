@@ -22,6 +22,8 @@ import zipfile
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
+import onnx
+
 from .api import ConversionError
 
 EXIT_OK = 0
@@ -46,8 +48,8 @@ class _Parser(argparse.ArgumentParser):
 class Conversion:
     """A converted model and how to check it against its source."""
 
-    model_proto: object
-    verify: Callable  # (model_proto, tolerance) -> VerificationResult
+    model_proto: onnx.ModelProto
+    check: Callable  # (model_proto, tolerance) -> VerificationResult
 
 
 def _tolerance(text: str) -> float:
@@ -62,7 +64,7 @@ def _tolerance(text: str) -> float:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
-        prog="tf2onnx-rnn",
+        prog="tf2onnx-rnn", allow_abbrev=False,
         description="Convert a TensorFlow SavedModel or a Keras model to ONNX with tf2onnx, turning "
                     "Keras LSTM, GRU and SimpleRNN layers into native ONNX LSTM/GRU/RNN nodes.",
         epilog="exit status: 0 converted, 1 verification failed, 2 bad input, 3 internal error; "
@@ -230,11 +232,11 @@ def convert_saved_model(args: argparse.Namespace) -> Conversion:
     model_proto = api.convert_saved_model(args.saved_model, opset=args.opset, signature_def=args.signature_def,
                                           tag=args.tag)
 
-    def verify(proto, tolerance):
+    def check(proto, tolerance):
         return verify_saved_model(args.saved_model, proto, signature_def=args.signature_def, tag=args.tag,
                                   tolerance=tolerance)
 
-    return Conversion(model_proto, verify)
+    return Conversion(model_proto, check)
 
 
 def convert_keras_file(args: argparse.Namespace) -> Conversion:
@@ -247,19 +249,19 @@ def convert_keras_file(args: argparse.Namespace) -> Conversion:
 
 
 # -- the run ---------------------------------------------------------------------------------
-def print_report(model_proto) -> None:
+def print_report(model_proto: onnx.ModelProto) -> None:
     from .api import report_of
 
     report = report_of(model_proto)
     print(report.table() if report is not None else "no conversion report in the model")
 
 
-def verify(conversion: Conversion, tolerance: float) -> bool:
+def verified(conversion: Conversion, tolerance: float) -> bool:
     """Print the verification table; False (with the reason on stderr) when it fails."""
     from .verify import VerificationError
 
     try:
-        result = conversion.verify(conversion.model_proto, tolerance)
+        result = conversion.check(conversion.model_proto, tolerance)
     except VerificationError as error:
         _error(f"verification failed: {_first_line(error)}")
         return False
@@ -270,7 +272,7 @@ def verify(conversion: Conversion, tolerance: float) -> bool:
     return result.passed
 
 
-def save(model_proto, path: str) -> None:
+def save(model_proto: onnx.ModelProto, path: str) -> None:
     from .api import save_model
 
     try:
@@ -286,7 +288,7 @@ def run(args: argparse.Namespace) -> int:
     convert = convert_saved_model if args.saved_model is not None else convert_keras_file
     conversion = convert(args)
     print_report(conversion.model_proto)
-    if args.verify and not verify(conversion, args.tolerance):
+    if args.verify and not verified(conversion, args.tolerance):
         print(f"{args.output} was not written")
         return EXIT_VERIFICATION_FAILED
     save(conversion.model_proto, args.output)
