@@ -7,10 +7,12 @@ through the :class:`BodyMatch`, so this module serves every kind.
 from __future__ import annotations
 
 import re
+from typing import Optional
 import numpy as np
 
 from .evaluate import NotEvaluable, evaluate
-from .layer import BodyMatch, Direction, NodeDirection, NoMatch, Pass, RecurrentLayer, Wiring, require
+from .layer import (BodyMatch, Direction, MaskedOutput, NodeDirection, NoMatch, Pass, RecurrentLayer, Wiring,
+                    require)
 
 _WRAPPER_SCOPES = {"PartitionedCall", "StatefulPartitionedCall", "while"}
 
@@ -34,14 +36,56 @@ def layer_name(loop_name: str, known_layers: frozenset = frozenset()) -> str:
 
 def build_pass(graph, loop, match: BodyMatch, name: str) -> Pass:
     """Read weights, input, outputs and initial states of ``loop`` into a pass description."""
-    x, x_unreversed = _sequence_input(graph, loop, match)
+    x, x_unreversed = _list_source(graph, loop, match.input_slot, "input sequence")
     direction = Direction.FORWARD if x_unreversed is None else Direction.BACKWARD
     outputs = _outputs(graph, loop, match, direction)
     return Pass(loop=loop.name, name=name, kind=match.kind, direction=direction,
                 activations=match.activations, linear_before_reset=match.linear_before_reset,
                 wiring=Wiring(x=x, x_unreversed=x_unreversed, initial_states=_initial_states(graph, loop, match),
-                              **outputs),
+                              **outputs, **_mask_wiring(graph, loop, match, direction)),
                 **_gate_weights(graph, loop, match))
+
+
+def _mask_wiring(graph, loop, match: BodyMatch, direction: Direction) -> dict:
+    masking = match.masking
+    if masking is None:
+        return {}
+    mask, mask_unreversed = _list_source(graph, loop, masking.mask_slot, "mask")
+    require((mask_unreversed is None) == (direction is Direction.FORWARD),
+            "the mask and the input are not reversed alike", loop.name)
+    require(_is_zero(graph, loop.input[masking.output_slot]),
+            "the masked output does not start from zeros", loop.name)
+    if masking.zeros_slot is not None:
+        require(_is_zero(graph, loop.input[masking.zeros_slot]),
+                "the output at masked steps is not zeros", loop.name)
+    rank = len(graph.get_shape(mask) or [])
+    require(rank in (2, 3), "the mask's rank is unknown", loop.name)
+    return dict(mask=mask, mask_unreversed=mask_unreversed, mask_source=mask_source(graph, mask),
+                masked_output=masking.output)
+
+
+_MASK_PASSTHROUGH = frozenset({"Identity", "Transpose", "ReverseV2", "ExpandDims", "Squeeze", "Reshape",
+                               "Cast", "LogicalAnd", "StridedSlice", "Tile"})
+
+
+def mask_source(graph, mask: str) -> str:
+    """Where a mask comes from, for the report: a Masking layer, Embedding(mask_zero=True), or an input."""
+    seen, pending = set(), [mask]
+    while pending:
+        tensor = pending.pop()
+        node = graph.get_node_by_output(tensor)
+        if node is None or node.name in seen:
+            continue
+        seen.add(node.name)
+        if node.is_graph_input():
+            return f"mask input {node.output[0].split(':')[0]}"
+        if node.type == "Any":
+            return "Masking layer"
+        if node.type == "NotEqual":
+            return "Embedding(mask_zero=True)"
+        if node.type in _MASK_PASSTHROUGH:
+            pending.extend(node.input[:1] if node.type != "LogicalAnd" else node.input)
+    return "computed mask"
 
 
 def _slot_values(graph, loop):
@@ -89,12 +133,12 @@ def _gate_weights(graph, loop, match: BodyMatch) -> dict:
         B=np.concatenate([bias(b) for b in input_biases] + [bias(b) for b in recurrent_biases]))
 
 
-def _sequence_input(graph, loop, match: BodyMatch):
-    """The time-major input [T, B, F] the loop steps through, and the input before Keras
-    reversed it (go_backwards), or None for a forward loop."""
-    source = graph.get_node_by_output(loop.input[match.input_slot])
+def _list_source(graph, loop, slot: int, what: str):
+    """The time-major tensor a TensorList input is made from (as the loop steps through it),
+    and that tensor before Keras reversed it (go_backwards), or None when not reversed."""
+    source = graph.get_node_by_output(loop.input[slot])
     require(source is not None and source.type == "TensorListFromTensor",
-            "the input sequence is not a TensorList made from a tensor", loop.name)
+            f"the {what} is not a TensorList made from a tensor", loop.name)
     x = source.input[0]
     producer = graph.get_node_by_output(x)
     if producer is not None and producer.type in ("ReverseV2", "Reverse"):
@@ -126,6 +170,8 @@ def _outputs(graph, loop, match: BodyMatch, direction: Direction) -> dict:
                 last.extend(stacked)
         elif slot in state_slots:
             states.append((state_slots[slot], tensor))
+        elif match.masking is not None and slot == match.masking.output_slot:
+            raise NoMatch("the masked output's loop variable is used after the loop", loop.name)
         else:
             raise NoMatch(f"loop output {slot} (not a state or the output) is used after the loop", loop.name)
     replaced = sequence + restored + last + [tensor for _, tensor in states]
@@ -198,22 +244,26 @@ def plan_nodes(graph, passes: list) -> list:
         current = remaining.pop(0)
         partner = next((p for p in remaining if _pairs(graph, current, p)), None)
         if partner is None:
-            layers.append(_single(current))
+            layers.append(_single(graph, current))
             continue
         remaining.remove(partner)
         forward, backward = (current, partner) if current.direction is Direction.FORWARD else (partner, current)
         layers.append(RecurrentLayer(x=forward.wiring.x, direction=NodeDirection.BIDIRECTIONAL,
-                                     passes=(forward, backward)))
+                                     passes=(forward, backward), mask=forward.wiring.mask,
+                                     mask_key=_tensor_key(graph, forward.wiring.mask)))
     return layers
 
 
-def _single(one: Pass) -> RecurrentLayer:
+def _single(graph, one: Pass) -> RecurrentLayer:
     """A backward pass whose step-order outputs nobody uses runs ONNX's reverse direction over
     the unreversed input (no reversal op); otherwise a pass runs forward over its own input."""
     wiring = one.wiring
-    if one.direction is Direction.BACKWARD and not wiring.sequence_output:
-        return RecurrentLayer(x=wiring.x_unreversed, direction=NodeDirection.REVERSE, passes=(one,))
-    return RecurrentLayer(x=wiring.x, direction=NodeDirection.FORWARD, passes=(one,))
+    if (one.direction is Direction.BACKWARD and not wiring.sequence_output
+            and wiring.masked_output is not MaskedOutput.CARRY):
+        return RecurrentLayer(x=wiring.x_unreversed, direction=NodeDirection.REVERSE, passes=(one,),
+                              mask=wiring.mask_unreversed, mask_key=_tensor_key(graph, wiring.mask_unreversed))
+    return RecurrentLayer(x=wiring.x, direction=NodeDirection.FORWARD, passes=(one,), mask=wiring.mask,
+                          mask_key=_tensor_key(graph, wiring.mask))
 
 
 def _pairs(graph, a: Pass, b: Pass) -> bool:
@@ -223,15 +273,18 @@ def _pairs(graph, a: Pass, b: Pass) -> bool:
     same_shape = (a.kind, a.hidden_size, a.input_size, a.dtype, a.linear_before_reset) == \
         (b.kind, b.hidden_size, b.input_size, b.dtype, b.linear_before_reset)
     same_states = {r for r, _ in a.wiring.initial_states} == {r for r, _ in b.wiring.initial_states}
-    return (same_shape and same_states and not backward.wiring.sequence_output
-            and _same_tensor(graph, forward.wiring.x, backward.wiring.x_unreversed))
+    same_mask = ((forward.wiring.mask is None) == (backward.wiring.mask is None)
+                 and _tensor_key(graph, forward.wiring.mask) == _tensor_key(graph, backward.wiring.mask_unreversed))
+    return (same_shape and same_states and same_mask and not backward.wiring.sequence_output
+            and backward.wiring.masked_output is not MaskedOutput.CARRY
+            and _tensor_key(graph, forward.wiring.x) == _tensor_key(graph, backward.wiring.x_unreversed))
 
 
-def _same_tensor(graph, a: str, b: str) -> bool:
-    """Whether two tensors are equal by construction: the same, or one Transpose of one input."""
-    if a == b:
-        return True
-    node_a, node_b = graph.get_node_by_output(a), graph.get_node_by_output(b)
-    return (node_a is not None and node_b is not None and node_a.type == node_b.type == "Transpose"
-            and node_a.input[0] == node_b.input[0]
-            and _constant_list(graph, node_a.input[1]) == _constant_list(graph, node_b.input[1]))
+def _tensor_key(graph, tensor: Optional[str]):
+    """Equal for tensors equal by construction: the same, or one Transpose of one input."""
+    if tensor is None:
+        return None
+    node = graph.get_node_by_output(tensor)
+    if node is not None and node.type == "Transpose":
+        return ("Transpose", node.input[0], tuple(_constant_list(graph, node.input[1]) or ()))
+    return (tensor,)

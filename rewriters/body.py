@@ -13,14 +13,14 @@ and the helpers below let a cell matcher describe what the cell computes:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
 import numpy as np
 
 from .activations import identify
 from .evaluate import ELEMENTWISE_OPS, NotEvaluable, evaluate
-from .layer import Activation, NoMatch, WeightSource, require
+from .layer import Activation, MaskedOutput, Masking, NoMatch, WeightSource, require
 
 _SUM_OPS = frozenset({"AddV2", "Add", "BiasAdd"})
 
@@ -360,3 +360,54 @@ def _is_counter(view: BodyView, slot: int) -> bool:
             and any(view.scalar(t) == 1 for t in view.operands(step))
             and all(c.type in ("AddV2", "Add", "Less", "Identity", "LogicalAnd")
                     for c in view.consumers(view.inputs[slot])))
+
+
+_MASK_BROADCASTS = frozenset({"Tile", "ExpandDims", "Reshape", "Cast", "Identity", "BroadcastTo"})
+
+
+def unmask(view: BodyView, skeleton: Skeleton) -> tuple[Skeleton, Masking]:
+    """Read how a masked body treats masked steps and return the skeleton without the masking.
+
+    Keras writes every masked update as ``SelectV2(mask_t, new, old)``: a state keeps its old
+    value, and the output takes the previous output (a loop variable of its own) or zeros.
+    The skeleton returned has the unmasked updates as state outputs and ``new`` as the
+    per-step output, so the cell matchers read a masked body like an unmasked one.
+    """
+    updates = {}
+    for slot, out in skeleton.state_outputs.items():
+        node = view.producer(out)
+        require(node is not None and node.type in ("SelectV2", "Select"),
+                "a state of the masked loop is not updated through the mask", out)
+        condition, new, old = view.operands(node)
+        require(_mask_root(view, condition) == skeleton.mask_t,
+                "a state is selected by something other than the step's mask", node.name)
+        updates[slot] = (new, old)
+
+    holders = [slot for slot, out in skeleton.state_outputs.items() if out == skeleton.y_t]
+    require(len(holders) == 1, "no loop variable holds the masked output", skeleton.y_t)
+    output_slot = holders[0]
+    new_output, old_output = updates.pop(output_slot)
+    zeros_slot = view.slot_of(old_output)
+    if old_output == skeleton.state_inputs[output_slot]:
+        mode, zeros_slot = MaskedOutput.CARRY, None
+    else:
+        require(zeros_slot in skeleton.constant_slots,
+                "a masked step's output is neither the previous output nor a constant", skeleton.y_t)
+        mode = MaskedOutput.ZERO
+    for slot, (new, old) in updates.items():
+        require(old == skeleton.state_inputs[slot], "a masked step changes a state", new)
+
+    unmasked = replace(skeleton, y_t=new_output,
+                       state_inputs={s: t for s, t in skeleton.state_inputs.items() if s != output_slot},
+                       state_outputs={s: updates[s][0] for s in updates})
+    return unmasked, Masking(mask_slot=skeleton.mask_slot, output=mode, output_slot=output_slot,
+                             zeros_slot=zeros_slot)
+
+
+def _mask_root(view: BodyView, tensor: str) -> str:
+    """Follow broadcasts and casts of a mask back to the tensor read from the mask list."""
+    node = view.producer(tensor)
+    while node is not None and node.type in _MASK_BROADCASTS:
+        tensor = view.resolve(node.input[0])
+        node = view.producer(tensor)
+    return view.resolve(tensor)

@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass, field
 
 import numpy as np
-from onnx import helper
+from onnx import TensorProto, helper
 from tf2onnx import utils
 from tf2onnx.graph_builder import GraphBuilder
 
-from .layer import RecurrentLayer, StateRole
+from .layer import MaskedOutput, RecurrentLayer, StateRole, require
 
 
 class Slot(enum.IntEnum):
@@ -57,17 +58,149 @@ def _attributes(layer: RecurrentLayer) -> dict:
     return attrs
 
 
+@dataclass
+class EmitContext:
+    """What the emissions into one graph share."""
+
+    assume_post_padded: bool = False  # skip compacting masked steps (exact only for post-padded masks)
+    renamed: dict = field(default_factory=dict)  # tensors replaced by earlier emissions -> replacements
+    masks: dict = field(default_factory=dict)  # mask key -> _MaskTensors, so layers share one computation
+
+    def current(self, tensor: str) -> str:
+        """A tensor's name now: an earlier node of this graph may have replaced it."""
+        return self.renamed.get(tensor, tensor)
+
+
+def _built_once(builder):
+    """A property whose graph nodes are built on first use and reused after."""
+
+    def get(self):
+        if builder.__name__ not in self._cache:
+            self._cache[builder.__name__] = builder(self)
+        return self._cache[builder.__name__]
+
+    return property(get, doc=builder.__doc__)
+
+
+class _MaskTensors:
+    """Tensors derived from one time-major mask [T, B], each built on first use.
+
+    Compaction moves each row's kept steps to the front, in order; outputs go back through
+    ``source``: at step t, the compacted position of the latest kept step up to t.
+    """
+
+    def __init__(self, graph, mask: str, float_type: np.dtype):
+        self.graph, self.builder = graph, GraphBuilder(graph)
+        self.float_type = helper.np_dtype_to_tensor_dtype(np.dtype(float_type))
+        self._cache: dict = {}
+        if len(graph.get_shape(mask) or []) == 3:
+            mask = self.builder.make_squeeze({"data": mask, "axes": [2]})
+        self.bool = self.op("Cast", [mask], to=TensorProto.BOOL)
+
+    def op(self, op_type: str, inputs, **attrs) -> str:
+        return self.graph.make_node(op_type, inputs, attr=attrs).output[0]
+
+    def const(self, value, dtype=np.int64) -> str:
+        return self.graph.make_const(utils.make_name("mask_const"), np.array(value, dtype)).output[0]
+
+    @_built_once
+    def ints(self) -> str:
+        return self.op("Cast", [self.bool], to=TensorProto.INT64)
+
+    @_built_once
+    def time_and_batch(self):
+        shape = self.op("Shape", [self.bool])
+        return (self.op("Gather", [shape, self.const(0)], axis=0),
+                self.op("Gather", [shape, self.const(1)], axis=0))
+
+    @_built_once
+    def batch_index(self) -> str:
+        """[B]: 0 .. B-1, to turn (step, row) into a row of a [T*B, ...] flattening."""
+        return self.op("Range", [self.const(0), self.time_and_batch[1], self.const(1)])
+
+    @_built_once
+    def lengths(self) -> str:
+        """[B] int32: kept steps per row, the node's sequence_lens."""
+        total = self.builder.make_reduce_sum({"data": self.ints, "axes": [0], "keepdims": 0})
+        return self.op("Cast", [total], to=TensorProto.INT32)
+
+    @_built_once
+    def source(self) -> str:
+        """[T, B]: compacted position of the latest kept step at or before t (-1 before any)."""
+        return self.op("Sub", [self.op("CumSum", [self.ints, self.const(0)]), self.const(1)])
+
+    @_built_once
+    def source_rows(self) -> str:
+        """[T, B]: ``source`` as rows of a flattened [T*B, H] output (clamped at 0)."""
+        clamped = self.op("Max", [self.source, self.const(0)])
+        return self.op("Add", [self.op("Mul", [clamped, self.time_and_batch[1]]), self.batch_index])
+
+    @_built_once
+    def compaction_rows(self) -> str:
+        """[T, B]: for compacted position k, the row of the flattened input to read."""
+        time, batch = self.time_and_batch
+        steps = self.builder.make_unsqueeze({"data": self.op("Range", [self.const(0), time, self.const(1)]),
+                                             "axes": [1]})
+        dropped = self.op("Sub", [self.const(1), self.ints])
+        key = self.op("Add", [self.op("Mul", [dropped, time]), steps])  # kept steps first, in order
+        count = self.builder.make_unsqueeze({"data": time, "axes": [0]})
+        order = self.graph.make_node("TopK", [key, count], attr={"axis": 0, "largest": 0, "sorted": 1},
+                                     output_count=2).output[1]
+        return self.op("Add", [self.op("Mul", [order, batch]), self.batch_index])
+
+    @_built_once
+    def kept(self) -> str:
+        """[T, B, 1] float: 1 at kept steps."""
+        return self.builder.make_unsqueeze({"data": self.op("Cast", [self.bool], to=self.float_type),
+                                            "axes": [2]})
+
+    @_built_once
+    def started(self) -> str:
+        """[T, B, 1] float: 1 from the first kept step on."""
+        started = self.op("Greater", [self.source, self.const(-1)])
+        return self.builder.make_unsqueeze({"data": self.op("Cast", [started], to=self.float_type), "axes": [2]})
+
+    @_built_once
+    def nonempty(self) -> str:
+        """[B, 1] bool: rows with at least one kept step."""
+        return self.builder.make_unsqueeze({"data": self.op("Greater", [self.lengths, self.const(0, np.int32)]),
+                                            "axes": [1]})
+
+    def kept_at(self, step: int) -> str:
+        """[1, B, 1] float: whether ``step`` (0 or -1) is kept."""
+        return self.op("Gather", [self.kept, self.const([step])], axis=0)
+
+    def compact(self, x: str) -> str:
+        """[T, B, F] -> the same with each row's kept steps moved to the front, in order."""
+        return self.op("Gather", [self.op("Flatten", [x], axis=2), self.compaction_rows], axis=0)
+
+    def restore(self, y: str, output: MaskedOutput) -> str:
+        """[T, B, H] outputs at compacted positions -> Keras's outputs at every step."""
+        spread = self.op("Gather", [self.op("Flatten", [y], axis=2), self.source_rows], axis=0)
+        return self.op("Mul", [spread, self.kept if output is MaskedOutput.ZERO else self.started])
+
+
 class _Emission:
     """Builds one node and collects (old tensor, new tensor) replacements."""
 
-    def __init__(self, graph, layer: RecurrentLayer, renamed: dict):
-        self.graph, self.layer, self.renamed = graph, layer, renamed
+    def __init__(self, graph, layer: RecurrentLayer, context: EmitContext):
+        self.graph, self.layer, self.context = graph, layer, context
         self.builder = GraphBuilder(graph)
         self.name = utils.make_name(layer.name.replace("/", "_") + "_" + layer.first.kind.onnx_op)
         self.replacements: list = []
+        self.mask = None
+        if layer.mask is not None:
+            key = layer.mask_key or (context.current(layer.mask),)
+            if key not in context.masks:
+                context.masks[key] = _MaskTensors(graph, context.current(layer.mask), layer.first.dtype)
+            self.mask = context.masks[key]
+        self.compacted = self.mask is not None and not context.assume_post_padded
 
-    def stacked_const(self, suffix: str, field: str) -> str:
-        value = np.stack([getattr(one, field) for one in self.layer.passes]).astype(self.layer.first.dtype)
+    def current(self, tensor: str) -> str:
+        return self.context.current(tensor)
+
+    def stacked_const(self, suffix: str, field_name: str) -> str:
+        value = np.stack([getattr(one, field_name) for one in self.layer.passes]).astype(self.layer.first.dtype)
         return self.graph.make_const(utils.make_name(self.name + "_" + suffix), value).output[0]
 
     def initial_state(self, role: StateRole) -> str:
@@ -91,6 +224,10 @@ class _Emission:
         first, layer = self.layer.first, self.layer
         inputs = [""] * len(Slot)
         inputs[Slot.X] = self.current(layer.x)
+        if self.mask is not None:
+            inputs[Slot.SEQUENCE_LENS] = self.mask.lengths
+            if self.compacted:
+                inputs[Slot.X] = self.mask.compact(inputs[Slot.X])
         inputs[Slot.W] = self.stacked_const("W", "W")
         inputs[Slot.R] = self.stacked_const("R", "R")
         inputs[Slot.B] = self.stacked_const("B", "B")
@@ -101,17 +238,20 @@ class _Emission:
         count = first.kind.state_count + 1
         directions, hidden = len(layer.passes), first.hidden_size
         shapes = [[-1, directions, -1, hidden]] + [[directions, -1, hidden]] * first.kind.state_count
-        dtype = helper.np_dtype_to_tensor_dtype(first.dtype)
+        dtype = helper.np_dtype_to_tensor_dtype(np.dtype(first.dtype))
         return self.graph.make_node(first.kind.onnx_op, inputs, attr=_attributes(layer), output_count=count,
                                     name=self.name, shapes=shapes, dtypes=[dtype] * count)
 
     def wire(self, node) -> None:
         for index, one in enumerate(self.layer.passes):
             wiring = one.wiring
+            forward_in_node = self.layer.runs_forward(index)
             if wiring.sequence_output or wiring.restored_output:
-                sequence = self.per_direction(node.output[Out.Y], index, 1)
+                sequence = self.sequence(node, index, wiring)
                 self.replace(wiring.sequence_output, sequence)
                 if wiring.restored_output:
+                    require(not forward_in_node, "a backward sequence put back in order needs a reverse pass",
+                            one.loop)
                     batch_major = self.graph.make_node("Transpose", [sequence], attr={"perm": _BATCH_MAJOR})
                     self.replace(wiring.restored_output, batch_major.output[0])
             if wiring.last_output:
@@ -119,30 +259,44 @@ class _Emission:
                 if len(self.layer.passes) > 1:
                     last = self.builder.make_slice({"data": last, "starts": [index], "ends": [index + 1],
                                                     "axes": [0]})
+                if wiring.masked_output is MaskedOutput.ZERO:
+                    # the loop's last write: zeros when its last step is masked
+                    last = self.mask.op("Mul", [last, self.mask.kept_at(-1 if forward_in_node else 0)])
                 self.replace(wiring.last_output, last)
+            initial = dict(wiring.initial_states)
             for role, old in wiring.final_states:
-                self.replace([old], self.per_direction(node.output[_STATE_OUTPUT[role]], index, 0))
+                state = self.per_direction(node.output[_STATE_OUTPUT[role]], index, 0)
+                if self.mask is not None and role in initial:
+                    # a row with no kept step keeps its initial state (ONNX gives zeros)
+                    state = self.mask.op("Where", [self.mask.nonempty, state, self.current(initial[role])])
+                self.replace([old], state)
 
-    def current(self, tensor: str) -> str:
-        """A tensor's name now: an earlier node of this graph may have replaced it."""
-        return self.renamed.get(tensor, tensor)
+    def sequence(self, node, index: int, wiring) -> str:
+        """Pass ``index``'s [T, B, H] outputs at every step, in the node's time order."""
+        sequence = self.per_direction(node.output[Out.Y], index, 1)
+        if self.mask is None:
+            return sequence
+        if wiring.masked_output is MaskedOutput.ZERO and not self.compacted:
+            return sequence  # post-padded: ONNX already gives zeros after each row's length
+        return self.mask.restore(sequence, wiring.masked_output)
 
     def replace(self, olds, new: str) -> None:
         self.replacements.extend((old, new) for old in olds)
 
 
-def emit(graph, layer: RecurrentLayer, renamed: dict) -> str:
+def emit(graph, layer: RecurrentLayer, context: EmitContext) -> str:
     """Add the node for ``layer`` to ``graph`` and rewire the tensors it replaces.
 
-    ``renamed`` maps tensors that earlier emissions in this graph replaced to their
-    replacements (an encoder's states feeding a decoder, say); it is read and extended.
-    Every node is built before anything is rewired, so a failure leaves the graph as it was
-    (apart from unused nodes, which tf2onnx removes). Returns the new node's name.
+    ``context`` is shared by the emissions into one graph: it maps tensors that earlier
+    emissions replaced (an encoder's states feeding a decoder, say) and holds the mask
+    computations layers share. Every node is built before anything is rewired, so a failure
+    leaves the graph as it was (apart from unused nodes, which tf2onnx removes).
+    Returns the new node's name.
     """
-    emission = _Emission(graph, layer, renamed)
+    emission = _Emission(graph, layer, context)
     node = emission.node()
     emission.wire(node)
     for old, new in emission.replacements:
         graph.replace_all_inputs(old, new)
-        renamed[old] = new
+        context.renamed[old] = new
     return node.name

@@ -96,6 +96,23 @@ class GateForm:
     recurrent_bias: Optional[WeightSource] = None
 
 
+class MaskedOutput(enum.Enum):
+    """What a masked layer outputs at a masked step."""
+
+    CARRY = "carry"  # the previous step's output (zeros before the first kept step)
+    ZERO = "zero"  # zeros (Keras does this inside Bidirectional)
+
+
+@dataclass(frozen=True)
+class Masking:
+    """How a masked loop body treats masked steps: states hold, the output carries or zeros."""
+
+    mask_slot: int  # the TensorList of per-step masks
+    output: MaskedOutput
+    output_slot: int  # the loop variable that holds the previous output
+    zeros_slot: Optional[int] = None  # ZERO: the loop constant the output takes at masked steps
+
+
 @dataclass(frozen=True)
 class BodyMatch:
     """What a matcher learned from a loop body; keyed by the body's function name."""
@@ -108,6 +125,7 @@ class BodyMatch:
     output_slot: int  # the TensorList written with h_t
     output_every_step: bool  # written at the time index (all steps) or at a fixed index (last only)
     linear_before_reset: bool = False  # GRU only
+    masking: Optional[Masking] = None
 
     def slot_of(self, role: StateRole) -> int:
         return dict(self.states)[role]
@@ -124,6 +142,10 @@ class Wiring:
     last_output: tuple[str, ...] = ()  # become Y_h, [1, B, H]
     final_states: tuple[tuple[StateRole, str], ...] = ()  # become a state, [B, H]
     initial_states: tuple[tuple[StateRole, str], ...] = ()  # [B, H] tensors; absent roles start at zero
+    mask: Optional[str] = None  # time-major [T, B] or [T, B, 1] bool, in step order
+    mask_unreversed: Optional[str] = None  # for a backward pass: the mask before Keras reversed it
+    mask_source: str = ""  # where the mask comes from, for the report
+    masked_output: Optional[MaskedOutput] = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -160,6 +182,13 @@ class RecurrentLayer:
     x: str  # the node's X, time-major
     direction: NodeDirection
     passes: tuple[Pass, ...]  # in ONNX direction order
+    mask: Optional[str] = None  # time-major mask in the order of X
+    mask_key: Optional[tuple] = None  # equal for masks equal by construction (computed once)
+
+    def runs_forward(self, index: int) -> bool:
+        """Whether pass ``index`` steps through X first to last."""
+        return self.direction is NodeDirection.FORWARD or (
+            self.direction is NodeDirection.BIDIRECTIONAL and index == 0)
 
     @property
     def first(self) -> Pass:

@@ -12,13 +12,14 @@ report says why.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Iterable, Optional, Union
 
 from ..report import ConversionReport, LoopOutcome
 from . import CELL_MATCHERS
 from .adapt import build_pass, layer_name, plan_nodes
-from .body import BodyView, read_skeleton
-from .emitter import emit
+from .body import BodyView, read_skeleton, unmask
+from .emitter import EmitContext, emit
 from .layer import BodyMatch, CellKind, NoMatch, Pass
 
 logger = logging.getLogger("tf2onnx_rnn")
@@ -38,8 +39,10 @@ def _kind_hint(name: str) -> str:
 class RecurrentRewriter:
     """One conversion's rewriter: its body matches and the report it fills."""
 
-    def __init__(self, report: Optional[ConversionReport] = None, layer_names: Iterable[str] = ()):
+    def __init__(self, report: Optional[ConversionReport] = None, layer_names: Iterable[str] = (),
+                 assume_post_padded: bool = False):
         self.report = report if report is not None else ConversionReport()
+        self.assume_post_padded = assume_post_padded
         self.layer_names = frozenset(layer_names)
         self.bodies: dict[str, Union[BodyMatch, NoMatch]] = {}
 
@@ -57,9 +60,10 @@ class RecurrentRewriter:
         try:
             view = BodyView(graph)
             skeleton = read_skeleton(view)
+            masking = None
             if skeleton.mask_slot is not None:
-                raise NoMatch("masked layers are not fused yet", skeleton.mask_t)
-            self.bodies[name] = self._match_cell(view, skeleton)
+                skeleton, masking = unmask(view, skeleton)
+            self.bodies[name] = replace(self._match_cell(view, skeleton), masking=masking)
         except NoMatch as no_match:
             self.bodies[name] = no_match
         except Exception as error:  # a bug must not abort the conversion: keep the Loop
@@ -100,9 +104,9 @@ class RecurrentRewriter:
         except Exception:  # pairing is an optimisation: without it every pass is its own node
             logger.debug("pairing directions raised", exc_info=True)
             layers = [plan_nodes(graph, [p])[0] for p in passes]
-        renamed: dict = {}
+        context = EmitContext(assume_post_padded=self.assume_post_padded)
         for layer in layers:
-            self._emit(graph, layer, renamed)
+            self._emit(graph, layer, context)
 
     def _read_pass(self, graph, loop) -> Optional[Pass]:
         body = loop.get_attr_str("body")
@@ -124,9 +128,9 @@ class RecurrentRewriter:
                               f"internal error while reading the loop: {type(error).__name__}: {error}")
         return None
 
-    def _emit(self, graph, layer, renamed: dict) -> None:
+    def _emit(self, graph, layer, context: EmitContext) -> None:
         try:
-            node = emit(graph, layer, renamed)
+            node = emit(graph, layer, context)
         except Exception as error:  # never abort the conversion
             logger.debug("emitting %s raised", layer.name, exc_info=True)
             for one in layer.passes:
@@ -137,7 +141,16 @@ class RecurrentRewriter:
             self._record(LoopOutcome(loop=one.loop, layer=one.name, kind=_LABELS[one.kind],
                                      direction=one.direction.value, became=one.kind.onnx_op, node=node,
                                      node_direction=layer.direction.value,
-                                     activations=", ".join(str(a) for a in one.activations)))
+                                     activations=", ".join(str(a) for a in one.activations),
+                                     mask=self._mask_form(one)))
+
+    def _mask_form(self, one: Pass) -> str:
+        """How a masked pass was emitted, for the report."""
+        wiring = one.wiring
+        if wiring.mask is None:
+            return ""
+        form = "sequence_lens (post-padded assumed)" if self.assume_post_padded else "compacted + sequence_lens"
+        return f"{wiring.mask_source}; {form}; masked steps {wiring.masked_output.value}"
 
     def _record_loop(self, loop: str, layer: str, kind: str, reason: str, where: str = "") -> None:
         self._record(LoopOutcome(loop=loop, layer=layer, kind=kind, direction="", became="Loop",

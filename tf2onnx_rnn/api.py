@@ -47,7 +47,8 @@ def keras_input_signature(model) -> list:
 
 
 def convert_keras(model, input_signature=None, opset: Optional[int] = None, output_path: Optional[str] = None,
-                  verify: bool = False, tolerance: float = 1e-4, **options) -> onnx.ModelProto:
+                  verify: bool = False, tolerance: float = 1e-4, assume_post_padded: bool = False,
+                  **options) -> onnx.ModelProto:
     """Convert a Keras 3 or tf_keras model to ONNX, with recurrent layers as native nodes.
 
     ``input_signature`` defaults to the model's inputs with a dynamic batch. Other keyword
@@ -55,6 +56,8 @@ def convert_keras(model, input_signature=None, opset: Optional[int] = None, outp
     ``shape_override``, ``target``, ...). With ``verify=True`` the ONNX model is run in
     onnxruntime against the Keras model on seeded random inputs and a
     :class:`~tf2onnx_rnn.verify.VerificationError` is raised beyond ``tolerance``.
+    Masked layers are exact for any mask; ``assume_post_padded=True`` emits a leaner graph that
+    is exact only when every row's kept steps come first (post-padding).
     The report is logged and stored in the model's metadata.
     """
     import tf2onnx
@@ -64,7 +67,7 @@ def convert_keras(model, input_signature=None, opset: Optional[int] = None, outp
     if input_signature is None:
         input_signature = keras_input_signature(model)
     _check_opset(opset)
-    rewriter = RecurrentRewriter(layer_names=_layer_names(model))
+    rewriter = RecurrentRewriter(layer_names=_layer_names(model), assume_post_padded=assume_post_padded)
     custom = list(options.pop("custom_rewriter", None) or [])
     serve, output_names = _serving_function(model, input_signature)
     model_proto, _ = tf2onnx.convert.from_function(serve, input_signature=input_signature, opset=opset,
@@ -157,7 +160,8 @@ def load_saved_model_graph(path: str, signature_def: Optional[str] = None, tag: 
 
 def convert_saved_model(path: str, output_path: Optional[str] = None, opset: Optional[int] = None,
                         signature_def: Optional[str] = None, tag: Optional[str] = None,
-                        verify: bool = False, tolerance: float = 1e-4, **options) -> onnx.ModelProto:
+                        verify: bool = False, tolerance: float = 1e-4, assume_post_padded: bool = False,
+                        **options) -> onnx.ModelProto:
     """Convert a SavedModel directory; like :func:`convert_keras`, for the CLI's ``--saved-model``."""
     from tf2onnx import convert as tf2onnx_convert
 
@@ -165,7 +169,7 @@ def convert_saved_model(path: str, output_path: Optional[str] = None, opset: Opt
 
     _check_opset(opset)
     graph_def, inputs, outputs, tables, renames = load_saved_model_graph(path, signature_def, tag)
-    rewriter = RecurrentRewriter()
+    rewriter = RecurrentRewriter(assume_post_padded=assume_post_padded)
     tf = _tf()
     with tf.device("/cpu:0"):
         model_proto, _ = tf2onnx_convert._convert_common(  # the tf2onnx CLI's own path

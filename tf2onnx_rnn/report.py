@@ -26,6 +26,7 @@ class LoopOutcome:
     where: str = ""  # the node at which the matcher stopped
     activations: str = ""
     node_direction: str = ""  # the ONNX node's direction attribute (bidirectional when paired)
+    mask: str = ""  # for a masked layer: the mask's source and the graph form emitted
 
     @property
     def fused(self) -> bool:
@@ -62,6 +63,7 @@ class ConversionReport:
         for o in self.outcomes:
             if o.fused:
                 details = o.activations + ("; one bidirectional node" if o.node_direction == "bidirectional" else "")
+                details += f"; mask: {o.mask}" if o.mask else ""
             else:
                 details = o.reason + (f" (at {o.where})" if o.where else "")
             rows.append((o.layer, o.kind, o.direction or "-", o.became, details))
