@@ -82,6 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="run the ONNX model in onnxruntime against TensorFlow before writing it")
     parser.add_argument("--tolerance", type=_tolerance, default=1e-4, metavar="FLOAT",
                         help="max abs error --verify accepts (default: %(default)g)")
+    parser.add_argument("--assume-post-padded", "--assume_post_padded", dest="assume_post_padded",
+                        action="store_true",
+                        help="emit the leaner masked-layer graph that is exact only when every row's kept "
+                             "steps come first (post-padding); the default is exact for any mask")
     parser.add_argument("--debug", action="store_true", help="show tracebacks and TensorFlow's log")
     return parser
 
@@ -230,7 +234,7 @@ def convert_saved_model(args: argparse.Namespace) -> Conversion:
     from .verify import verify_saved_model
 
     model_proto = api.convert_saved_model(args.saved_model, opset=args.opset, signature_def=args.signature_def,
-                                          tag=args.tag)
+                                          tag=args.tag, assume_post_padded=args.assume_post_padded)
 
     def check(proto, tolerance):
         return verify_saved_model(args.saved_model, proto, signature_def=args.signature_def, tag=args.tag,
@@ -244,7 +248,7 @@ def convert_keras_file(args: argparse.Namespace) -> Conversion:
     from .verify import verify_keras
 
     model = load_keras_model(args.keras)
-    model_proto = api.convert_keras(model, opset=args.opset)
+    model_proto = api.convert_keras(model, opset=args.opset, assume_post_padded=args.assume_post_padded)
     return Conversion(model_proto, lambda proto, tolerance: verify_keras(model, proto, tolerance=tolerance))
 
 
