@@ -258,8 +258,7 @@ def _single(graph, one: Pass) -> RecurrentLayer:
     """A backward pass whose step-order outputs nobody uses runs ONNX's reverse direction over
     the unreversed input (no reversal op); otherwise a pass runs forward over its own input."""
     wiring = one.wiring
-    if (one.direction is Direction.BACKWARD and not wiring.sequence_output
-            and wiring.masked_output is not MaskedOutput.CARRY):
+    if one.direction is Direction.BACKWARD and not wiring.sequence_output and _reversible(one):
         return RecurrentLayer(x=wiring.x_unreversed, direction=NodeDirection.REVERSE, passes=(one,),
                               mask=wiring.mask_unreversed, mask_key=_tensor_key(graph, wiring.mask_unreversed))
     return RecurrentLayer(x=wiring.x, direction=NodeDirection.FORWARD, passes=(one,), mask=wiring.mask,
@@ -276,15 +275,34 @@ def _pairs(graph, a: Pass, b: Pass) -> bool:
     same_mask = ((forward.wiring.mask is None) == (backward.wiring.mask is None)
                  and _tensor_key(graph, forward.wiring.mask) == _tensor_key(graph, backward.wiring.mask_unreversed))
     return (same_shape and same_states and same_mask and not backward.wiring.sequence_output
-            and backward.wiring.masked_output is not MaskedOutput.CARRY
+            and _reversible(backward)
             and _tensor_key(graph, forward.wiring.x) == _tensor_key(graph, backward.wiring.x_unreversed))
 
 
-def _tensor_key(graph, tensor: Optional[str]):
-    """Equal for tensors equal by construction: the same, or one Transpose of one input."""
+def _reversible(one: Pass) -> bool:
+    """Whether ONNX's reverse direction can give what Keras uses of this backward pass: its
+    carried outputs at masked steps run back in time, so only a time-ordered sequence with
+    zeros at masked steps (or no sequence at all) can be put back."""
+    return not (one.wiring.restored_output and one.wiring.masked_output is MaskedOutput.CARRY)
+
+
+_PURE_OPS = frozenset({"Transpose", "ExpandDims", "Squeeze", "Reshape", "Cast", "Identity", "ReverseV2",
+                       "NotEqual", "Equal", "Any", "All", "LogicalAnd", "LogicalNot", "StridedSlice"})
+
+
+def _tensor_key(graph, tensor: Optional[str], depth: int = 8):
+    """Equal for tensors equal by construction: the same tensor, or the same pure ops
+    (transposes, reshapes, casts...) applied to the same inputs and constants."""
     if tensor is None:
         return None
     node = graph.get_node_by_output(tensor)
-    if node is not None and node.type == "Transpose":
-        return ("Transpose", node.input[0], tuple(_constant_list(graph, node.input[1]) or ()))
-    return (tensor,)
+    if node is None or depth == 0:
+        return (tensor,)
+    if node.is_const():
+        value = np.asarray(node.get_tensor_value(as_list=False))
+        return ("Const", str(value.dtype), value.shape, value.tobytes())
+    if node.type not in _PURE_OPS:
+        return (tensor,)
+    attrs = tuple(sorted((key, repr(node.get_attr_value(key))) for key in node.attr if not key.startswith("_")))
+    index = tensor.rsplit(":", 1)[-1]
+    return (node.type, index, attrs, tuple(_tensor_key(graph, t, depth - 1) for t in node.input))

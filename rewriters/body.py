@@ -98,12 +98,30 @@ class BodyView:
 
     # -- basic navigation -------------------------------------------------------------
     def resolve(self, tensor: str) -> str:
-        """Follow Identity ops back to the tensor they forward."""
+        """Follow ops that forward a tensor unchanged back to it: Identity, and products with
+        ones (tf_keras multiplies by an all-ones recurrent dropout mask at inference)."""
         node = self.graph.get_node_by_output(tensor)
-        while node is not None and node.type in ("Identity", "StopGradient") and len(node.input) == 1:
-            tensor = node.input[0]
+        while node is not None:
+            if node.type in ("Identity", "StopGradient") and len(node.input) == 1:
+                tensor = node.input[0]
+            elif node.type == "Mul" and len(node.input) == 2 and any(self._is_ones(t) for t in node.input):
+                tensor = next((t for t in node.input if not self._is_ones(t)), node.input[0])
+            else:
+                return tensor
             node = self.graph.get_node_by_output(tensor)
         return tensor
+
+    def _is_ones(self, tensor: str) -> bool:
+        node = self.graph.get_node_by_output(tensor)
+        while node is not None and node.type == "Identity":
+            node = self.graph.get_node_by_output(node.input[0])
+        if node is None:
+            return False
+        if node.type == "OnesLike":
+            return True
+        if node.type == "Fill":
+            node = self.graph.get_node_by_output(node.input[1])
+        return node is not None and node.is_const() and bool(np.all(node.get_tensor_value(as_list=False) == 1))
 
     def producer(self, tensor: str):
         return self.graph.get_node_by_output(self.resolve(tensor))

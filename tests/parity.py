@@ -139,12 +139,12 @@ def case_seed(flavor: str, case: Case) -> int:
     return zlib.crc32(f"{flavor}/{case.id}".encode())
 
 
-def randomize_weights(model, seed: int) -> None:
-    """Every weight, biases included, seeded normal * 0.5."""
+def randomize_weights(model, seed: int, scale: float = 0.5) -> None:
+    """Every weight, biases included, seeded normal * ``scale``."""
     rng = np.random.default_rng(seed)
     weights = model.get_weights()
     assert weights, "the model has no weights to randomize"
-    model.set_weights([(rng.standard_normal(w.shape) * 0.5).astype(w.dtype) for w in weights])
+    model.set_weights([(rng.standard_normal(w.shape) * scale).astype(w.dtype) for w in weights])
 
 
 def build_model(flavor: str, case: Case):
@@ -213,13 +213,20 @@ _CACHE: dict = {}
 
 def converted(flavor: str, case: Case) -> Converted:
     """The case's model and its conversion, built once per process."""
-    key = (flavor, case)
+    return converted_with(flavor, case, build_model)
+
+
+def converted_with(flavor: str, case, build) -> Converted:
+    """:func:`converted` for any hashable case that has an ``id``, built by ``build(flavor, case)``
+    (which returns a Keras model with its weights already set). Cached per process like
+    :func:`converted`, a conversion error included."""
+    key = (flavor, case, build)
     if key not in _CACHE:
         from tf2onnx_rnn import convert_keras
 
         entry = Converted(flavor, case)
         try:
-            entry.model = build_model(flavor, case)
+            entry.model = build(flavor, case)
             entry.proto = convert_keras(entry.model)
         except Exception as error:  # noqa: BLE001 - reported by every test of the case
             entry.error = error

@@ -1,0 +1,339 @@
+"""Latency of converted Keras recurrent models in onnxruntime: ours vs stock tf2onnx vs the floor.
+
+    python benchmarks/run.py                 # every case, results in benchmarks/results/
+    python benchmarks/run.py --quick         # a small slice (what the notebook runs)
+    python benchmarks/run.py --cases gru-uni-plain-b1 lstm-bi-masked-b16 --out /tmp/bench
+
+For each case one Keras 3 model is converted by this package and by stock tf2onnx
+(``from_keras``, opset 17), and a minimal ONNX graph is built by hand (Transpose -> the one
+native node -> Transpose, lengths fed directly when masked). All four runners (ours, stock,
+minimal, TensorFlow's ``tf.function``) are timed in one process, interleaved round by round,
+onnxruntime and TensorFlow each on one intra-op thread. Reported: medians and the ratios
+ours/minimal and stock/ours. Conversion time and peak memory are measured in child
+processes, one conversion each.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import numpy as np  # noqa: E402
+
+FEATURES, HIDDEN, TIME = 64, 128, 100
+KINDS = {"lstm": "LSTM", "gru": "GRU", "rnn": "SimpleRNN"}
+ONNX_OPS = {"LSTM": "LSTM", "GRU": "GRU", "SimpleRNN": "RNN"}
+
+
+@dataclass(frozen=True)
+class Case:
+    kind: str  # Keras layer class name
+    bidirectional: bool
+    masked: bool
+    batch: int
+    time: int = TIME
+    hidden: int = HIDDEN
+    depth: int = 1
+
+    @property
+    def name(self) -> str:
+        parts = [self.kind.lower().replace("simplernn", "rnn"), "bi" if self.bidirectional else "uni",
+                 "masked" if self.masked else "plain", f"b{self.batch}"]
+        if self.time != TIME:
+            parts.append(f"t{self.time}")
+        if self.depth > 1:
+            parts.append(f"depth{self.depth}")
+        if self.hidden != HIDDEN:
+            parts.append(f"h{self.hidden}")
+        return "-".join(parts)
+
+
+def all_cases() -> list:
+    cases = [Case(kind, bi, masked, batch) for kind in KINDS.values() for bi in (False, True)
+             for masked in (False, True) for batch in (1, 16)]
+    cases += [Case("LSTM", False, False, 1, time=1000), Case("GRU", False, True, 1, time=1000),
+              Case("LSTM", False, False, 1, depth=4), Case("LSTM", False, False, 16, depth=4)]
+    return cases
+
+
+QUICK = ("gru-uni-plain-b1", "lstm-uni-masked-b1", "gru-bi-plain-b1", "rnn-uni-plain-b16")
+
+
+def build_model(case: Case, seed: int = 0):
+    import keras
+
+    inputs = keras.Input((None, FEATURES), name="x")
+    hidden = keras.layers.Masking()(inputs) if case.masked else inputs
+    for _ in range(case.depth):
+        layer = getattr(keras.layers, case.kind)(case.hidden, return_sequences=True)
+        hidden = keras.layers.Bidirectional(layer)(hidden) if case.bidirectional else layer(hidden)
+    model = keras.Model(inputs, hidden)
+    rng = np.random.default_rng(seed)
+    model.set_weights([(rng.standard_normal(w.shape) * 0.1).astype(np.float32) for w in model.get_weights()])
+    return model
+
+
+def make_inputs(case: Case, seed: int = 1):
+    """x [B, T, F]; masked cases get mixed lengths (first row full), padded with zeros after."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((case.batch, case.time, FEATURES)).astype(np.float32)
+    lengths = np.full(case.batch, case.time, np.int32)
+    if case.masked:
+        lengths = rng.integers(case.time // 2, case.time + 1, case.batch).astype(np.int32)
+        lengths[0] = case.time
+        for row, length in enumerate(lengths):
+            x[row, length:] = 0.0
+    return x, lengths
+
+
+def minimal_model(case: Case, model):
+    from minimal import build, onnx_weights
+
+    if case.depth != 1:
+        return None
+    op = ONNX_OPS[case.kind]
+    layers = [layer for layer in model.layers if layer.weights]
+    cells = []
+    for layer in layers:
+        cells += [layer.forward_layer, layer.backward_layer] if case.bidirectional else [layer]
+    directions = [onnx_weights(op, *[np.asarray(w) for w in cell.get_weights()]) for cell in cells]
+    return build(op, directions, FEATURES, case.hidden, case.masked)
+
+
+def ort_session(model_proto):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    return ort.InferenceSession(model_proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def stock_convert(model):
+    import tensorflow as tf
+    import tf2onnx
+
+    from tf2onnx_rnn.api import _ort_max_ir
+
+    spec = [tf.TensorSpec((None, None, FEATURES), tf.float32, name="x")]
+    model_proto, _ = tf2onnx.convert.from_keras(model, input_signature=spec, opset=17)
+    model_proto.ir_version = min(model_proto.ir_version, _ort_max_ir())
+    return model_proto
+
+
+def ours_convert(model):
+    from tf2onnx_rnn import convert_keras
+
+    return convert_keras(model, opset=17)
+
+
+def count_ops(model_proto) -> dict:
+    ops = [n.op_type for n in model_proto.graph.node]
+    return {"nodes": len(ops), "native": sum(op in ("LSTM", "GRU", "RNN") for op in ops),
+            "loops": sum(op in ("Loop", "Scan") for op in ops)}
+
+
+def _time_block(run, target_seconds: float) -> float:
+    """Seconds per call, over as many calls as fit in about ``target_seconds``."""
+    run()
+    start = time.perf_counter()
+    calls = 0
+    while True:
+        run()
+        calls += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= target_seconds and calls >= 3:
+            return elapsed / calls
+
+
+def time_case(case: Case, rounds: int, block: float) -> dict:
+    import tensorflow as tf
+
+    model = build_model(case)
+    x, lengths = make_inputs(case)
+    ours, stock, minimal = ours_convert(model), stock_convert(model), minimal_model(case, model)
+    runners = {}
+    ours_session, stock_session = ort_session(ours), ort_session(stock)
+    runners["ours"] = lambda: ours_session.run(None, {"x": x})
+    runners["stock"] = lambda: stock_session.run(None, {"x": x})
+    if minimal is not None:
+        minimal_session = ort_session(minimal)
+        feeds = {"x": x, "lengths": lengths} if case.masked else {"x": x}
+        runners["minimal"] = lambda: minimal_session.run(None, feeds)
+    serve = tf.function(lambda t: model(t, training=False))
+    tx = tf.constant(x)
+    runners["tensorflow"] = lambda: serve(tx).numpy()
+
+    expected = np.asarray(model(x, training=False))
+    errors = {"ours": float(np.max(np.abs(runners["ours"]()[0] - expected))),
+              "stock": float(np.max(np.abs(runners["stock"]()[0] - expected)))}
+    samples = {name: [] for name in runners}
+    for _ in range(rounds):  # interleaved: every runner once per round
+        for name, run in runners.items():
+            samples[name].append(_time_block(run, block))
+    medians = {name: statistics.median(values) * 1e3 for name, values in samples.items()}
+    return {"case": case.name, **asdict(case), "ms": medians, "ours_ops": count_ops(ours),
+            "stock_ops": count_ops(stock), "max_abs_error": errors}
+
+
+CHILD = """
+import json, os, resource, sys, time
+sys.path.insert(0, {here!r})
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+from run import Case, build_model, ours_convert, stock_convert
+case = Case(**json.loads({case!r}))
+model = build_model(case)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+start = time.perf_counter()
+{converter}_convert(model)
+seconds = time.perf_counter() - start
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({{"seconds": seconds, "peak_mb": peak / 1024, "growth_mb": (peak - before) / 1024}}))
+"""
+
+
+def conversion_cost(case: Case, converter: str) -> dict:
+    """Seconds and peak resident memory (MB) of one conversion, in a fresh process."""
+    code = CHILD.format(here=HERE, case=json.dumps(asdict(case)), converter=converter)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@dataclass
+class Results:
+    machine: dict
+    cases: list = field(default_factory=list)
+    conversions: list = field(default_factory=list)
+
+
+def machine_info() -> dict:
+    import onnxruntime
+    import tensorflow as tf
+    import tf2onnx
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as stream:
+            cpu = next(line.split(":", 1)[1].strip() for line in stream if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
+            "onnxruntime": onnxruntime.__version__, "tensorflow": tf.__version__, "tf2onnx": tf2onnx.__version__,
+            "threads": "onnxruntime and TensorFlow: 1 intra-op thread"}
+
+
+def ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
+    return None if a is None or b is None else a / b
+
+
+def table(results: Results) -> str:
+    lines = ["| case | ours ms | minimal ms | stock ms | TF ms | ours/minimal | stock/ours | nodes ours/stock |",
+             "|---|---|---|---|---|---|---|---|"]
+    for row in results.cases:
+        ms = row["ms"]
+        cells = [row["case"]] + [f"{ms[k]:.3f}" if k in ms else "-" for k in ("ours", "minimal", "stock",
+                                                                                  "tensorflow")]
+        over_minimal = ratio(ms.get("ours"), ms.get("minimal"))
+        cells.append(f"{over_minimal:.2f}" if over_minimal else "-")
+        cells.append(f"{ratio(ms['stock'], ms['ours']):.2f}")
+        stock_kind = "Loop" if row["stock_ops"]["loops"] else "native"
+        cells.append(f"{row['ours_ops']['nodes']}/{row['stock_ops']['nodes']} ({stock_kind})")
+        lines.append("| " + " | ".join(cells) + " |")
+    if results.conversions:
+        lines += ["", "| conversion | ours s | stock s | ours peak MB | stock peak MB |", "|---|---|---|---|---|"]
+        for row in results.conversions:
+            lines.append(f"| {row['case']} | {row['ours']['seconds']:.2f} | {row['stock']['seconds']:.2f} | "
+                         f"{row['ours']['peak_mb']:.0f} | {row['stock']['peak_mb']:.0f} |")
+    return "\n".join(lines)
+
+
+def plot(results: Results, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [row["case"] for row in results.cases]
+    positions = np.arange(len(names))
+    width = 0.27
+    fig, axis = plt.subplots(figsize=(max(8, len(names) * 0.55), 4.8))
+    for offset, (key, label) in zip((-width, 0, width), (("ours", "tf2onnx-rnn"), ("minimal", "hand-built minimal"),
+                                                          ("stock", "stock tf2onnx"))):
+        values = [row["ms"].get(key, np.nan) for row in results.cases]
+        axis.bar(positions + offset, values, width, label=label)
+    axis.set_yscale("log")
+    axis.set_ylabel("median latency, ms (log scale)")
+    axis.set_xticks(positions, names, rotation=60, ha="right", fontsize=8)
+    axis.set_title("onnxruntime latency, 1 intra-op thread")
+    axis.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write(results: Results, out: str) -> None:
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "benchmark.json"), "w") as stream:
+        json.dump(asdict(results), stream, indent=1)
+    with open(os.path.join(out, "benchmark.csv"), "w", newline="") as stream:
+        writer = csv.writer(stream)
+        writer.writerow(["case", "ours_ms", "minimal_ms", "stock_ms", "tensorflow_ms", "ours_over_minimal",
+                         "stock_over_ours", "ours_nodes", "stock_nodes", "stock_loops"])
+        for row in results.cases:
+            ms = row["ms"]
+            writer.writerow([row["case"], ms["ours"], ms.get("minimal", ""), ms["stock"], ms["tensorflow"],
+                             ratio(ms["ours"], ms.get("minimal")) or "", ratio(ms["stock"], ms["ours"]),
+                             row["ours_ops"]["nodes"], row["stock_ops"]["nodes"], row["stock_ops"]["loops"]])
+    with open(os.path.join(out, "benchmark.md"), "w") as stream:
+        stream.write(table(results) + "\n")
+    plot(results, os.path.join(out, "benchmark.png"))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help=f"only {', '.join(QUICK)}")
+    parser.add_argument("--cases", nargs="*", help="case names to run (default: all)")
+    parser.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds (default 7)")
+    parser.add_argument("--block", type=float, default=0.05, help="seconds per timing block (default 0.05)")
+    parser.add_argument("--no-conversion-cost", action="store_true", help="skip conversion time/memory")
+    parser.add_argument("--out", default=os.path.join(HERE, "results"), help="output directory")
+    args = parser.parse_args(argv)
+
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    cases = all_cases()
+    wanted = QUICK if args.quick else args.cases
+    if wanted:
+        cases = [c for c in cases if c.name in wanted]
+    results = Results(machine=machine_info())
+    for case in cases:
+        print(f"timing {case.name} ...", file=sys.stderr, flush=True)
+        results.cases.append(time_case(case, args.rounds, args.block))
+    if not args.no_conversion_cost:
+        scale = Case("LSTM", False, False, 1, time=1000, hidden=512, depth=4)
+        for case in ([cases[0]] if args.quick else [Case("GRU", True, True, 16), scale]):
+            print(f"conversion cost {case.name} ...", file=sys.stderr, flush=True)
+            results.conversions.append({"case": case.name, "ours": conversion_cost(case, "ours"),
+                                        "stock": conversion_cost(case, "stock")})
+    write(results, args.out)
+    print(table(results))
+    print(f"\nmachine: {results.machine}\nresults: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""The example notebooks run top to bottom, and what they print is what they claim."""
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat")
+nbclient = pytest.importorskip("nbclient")
+
+EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+
+
+def _run(name: str) -> str:
+    """Execute a notebook in examples/ and return all its text output."""
+    book = nbformat.read(os.path.join(EXAMPLES, name), as_version=4)
+    client = nbclient.NotebookClient(book, timeout=900, kernel_name="python3",
+                                     resources={"metadata": {"path": EXAMPLES}})
+    client.execute()
+    texts = []
+    for cell in book.cells:
+        for output in cell.get("outputs", []):
+            assert output.get("output_type") != "error", output
+            texts.append(output.get("text", "") or output.get("data", {}).get("text/plain", ""))
+    return "\n".join(texts)
+
+
+def _errors(text: str) -> list:
+    return [float(value) for value in re.findall(r"max abs error(?: vs Keras)? ([0-9.e+-]+)", text)]
+
+
+def test_quickstart():
+    text = _run("quickstart.ipynb")
+    assert "3 recurrent loop(s): 3 fused into native nodes, 0 left as Loop" in text
+    errors = _errors(text)
+    assert len(errors) == 2 and max(errors) < 1e-5
+
+
+def test_text_classifier_with_masks():
+    text = _run("text_classifier_masking.ipynb")
+    assert "LSTM direction: bidirectional" in text
+    assert "mask: Embedding(mask_zero=True)" in text
+    errors = _errors(text)
+    assert len(errors) == 2 and max(errors) < 1e-5
+    assert "(pad)" in text
+
+
+def test_performance():
+    text = _run("performance.ipynb")
+    assert "| gru-uni-plain-b1 |" in text and "| lstm-uni-masked-b1 |" in text
+    ratios = [float(v) for v in re.findall(r"stock/ours = ([0-9.]+)", text)]
+    assert len(ratios) == 2 and all(r > 0 for r in ratios)
