@@ -236,7 +236,7 @@ def _is_zero(graph, tensor: str) -> bool:
     return False
 
 
-def plan_nodes(graph, passes: list) -> list:
+def plan_nodes(graph, passes: list, assume_post_padded: bool = False) -> list:
     """Group passes into ONNX nodes: a forward and a backward pass over the same input become
     one bidirectional node; every other pass is a node of its own."""
     layers, remaining = [], list(passes)
@@ -244,7 +244,7 @@ def plan_nodes(graph, passes: list) -> list:
         current = remaining.pop(0)
         partner = next((p for p in remaining if _pairs(graph, current, p)), None)
         if partner is None:
-            layers.append(_single(graph, current))
+            layers.append(_single(graph, current, assume_post_padded))
             continue
         remaining.remove(partner)
         forward, backward = (current, partner) if current.direction is Direction.FORWARD else (partner, current)
@@ -254,11 +254,15 @@ def plan_nodes(graph, passes: list) -> list:
     return layers
 
 
-def _single(graph, one: Pass) -> RecurrentLayer:
-    """A backward pass whose step-order outputs nobody uses runs ONNX's reverse direction over
-    the unreversed input (no reversal op); otherwise a pass runs forward over its own input."""
+def _single(graph, one: Pass, assume_post_padded: bool) -> RecurrentLayer:
+    """A backward pass runs ONNX's reverse direction over the unreversed input when that needs
+    no reversal op (its step-order outputs are unused) or, for a masked pass with post-padding
+    assumed, saves compacting (its step-order sequence is then Y reversed in time); otherwise a
+    pass runs forward over its own input."""
     wiring = one.wiring
-    if one.direction is Direction.BACKWARD and not wiring.sequence_output and _reversible(one):
+    post_padded_sequence = assume_post_padded and wiring.mask is not None and wiring.sequence_output
+    if (one.direction is Direction.BACKWARD and (not wiring.sequence_output or post_padded_sequence)
+            and _reversible(one)):
         return RecurrentLayer(x=wiring.x_unreversed, direction=NodeDirection.REVERSE, passes=(one,),
                               mask=wiring.mask_unreversed, mask_key=_tensor_key(graph, wiring.mask_unreversed))
     return RecurrentLayer(x=wiring.x, direction=NodeDirection.FORWARD, passes=(one,), mask=wiring.mask,

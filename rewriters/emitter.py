@@ -9,7 +9,7 @@ from onnx import TensorProto, helper
 from tf2onnx import utils
 from tf2onnx.graph_builder import GraphBuilder
 
-from .layer import MaskedOutput, RecurrentLayer, StateRole, require
+from .layer import Direction, MaskedOutput, NodeDirection, RecurrentLayer, StateRole, require
 
 
 class Slot(enum.IntEnum):
@@ -180,6 +180,16 @@ class _MaskTensors:
         return self.op("Mul", [spread, self.kept if output is MaskedOutput.ZERO else self.started])
 
 
+def compacts(layer: RecurrentLayer, assume_post_padded: bool) -> bool:
+    """Whether a masked layer's input is compacted (kept steps moved to the front).
+
+    Always, unless post-padding is assumed; even then a go_backwards pass that runs over
+    Keras's reversed input is compacted, since reversing turns post-padding into pre-padding.
+    """
+    reversed_input = layer.direction is NodeDirection.FORWARD and layer.first.direction is Direction.BACKWARD
+    return layer.mask is not None and (not assume_post_padded or reversed_input)
+
+
 class _Emission:
     """Builds one node and collects (old tensor, new tensor) replacements."""
 
@@ -194,7 +204,7 @@ class _Emission:
             if key not in context.masks:
                 context.masks[key] = _MaskTensors(graph, context.current(layer.mask), layer.first.dtype)
             self.mask = context.masks[key]
-        self.compacted = self.mask is not None and not context.assume_post_padded
+        self.compacted = self.mask is not None and compacts(layer, context.assume_post_padded)
 
     def current(self, tensor: str) -> str:
         return self.context.current(tensor)
@@ -247,12 +257,15 @@ class _Emission:
             wiring = one.wiring
             forward_in_node = self.layer.runs_forward(index)
             if wiring.sequence_output or wiring.restored_output:
-                sequence = self.sequence(node, index, wiring)
-                self.replace(wiring.sequence_output, sequence)
+                in_node_order = self.sequence(node, index, wiring)
+                if wiring.sequence_output:
+                    # a pass stepping backward through X yields its steps last to first
+                    self.replace(wiring.sequence_output,
+                                 in_node_order if forward_in_node else self.reversed_in_time(in_node_order))
                 if wiring.restored_output:
                     require(not forward_in_node, "a backward sequence put back in order needs a reverse pass",
                             one.loop)
-                    batch_major = self.graph.make_node("Transpose", [sequence], attr={"perm": _BATCH_MAJOR})
+                    batch_major = self.graph.make_node("Transpose", [in_node_order], attr={"perm": _BATCH_MAJOR})
                     self.replace(wiring.restored_output, batch_major.output[0])
             if wiring.last_output:
                 last = node.output[Out.Y_H]
@@ -272,13 +285,20 @@ class _Emission:
                 self.replace([old], state)
 
     def sequence(self, node, index: int, wiring) -> str:
-        """Pass ``index``'s [T, B, H] outputs at every step, in the node's time order."""
+        """Pass ``index``'s [T, B, H] outputs at every step, in the time order of X."""
         sequence = self.per_direction(node.output[Out.Y], index, 1)
         if self.mask is None:
             return sequence
-        if wiring.masked_output is MaskedOutput.ZERO and not self.compacted:
-            return sequence  # post-padded: ONNX already gives zeros after each row's length
+        if not self.compacted and (wiring.masked_output is MaskedOutput.ZERO or not self.layer.runs_forward(index)):
+            # post-padded: ONNX already gives zeros after each row's length, which is Keras's output
+            # there in zero mode, and, once reversed, before the first kept step of a backward pass
+            return sequence
         return self.mask.restore(sequence, wiring.masked_output)
+
+    def reversed_in_time(self, sequence: str) -> str:
+        """[T, B, H] with the time axis reversed as a whole."""
+        return self.builder.make_slice({"data": sequence, "starts": [-1], "ends": [-(2 ** 62)], "steps": [-1],
+                                        "axes": [0]})
 
     def replace(self, olds, new: str) -> None:
         self.replacements.extend((old, new) for old in olds)

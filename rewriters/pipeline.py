@@ -19,7 +19,7 @@ from ..report import ConversionReport, LoopOutcome
 from . import CELL_MATCHERS
 from .adapt import build_pass, layer_name, plan_nodes
 from .body import BodyView, read_skeleton, unmask
-from .emitter import EmitContext, emit
+from .emitter import EmitContext, compacts, emit
 from .layer import BodyMatch, CellKind, NoMatch, Pass
 
 logger = logging.getLogger("tf2onnx_rnn")
@@ -100,10 +100,10 @@ class RecurrentRewriter:
     def _replace_loops(self, graph, loops) -> None:
         passes = [p for p in (self._read_pass(graph, loop) for loop in loops) if p is not None]
         try:
-            layers = plan_nodes(graph, passes)
+            layers = plan_nodes(graph, passes, self.assume_post_padded)
         except Exception:  # pairing is an optimisation: without it every pass is its own node
             logger.debug("pairing directions raised", exc_info=True)
-            layers = [plan_nodes(graph, [p])[0] for p in passes]
+            layers = [plan_nodes(graph, [p], self.assume_post_padded)[0] for p in passes]
         context = EmitContext(assume_post_padded=self.assume_post_padded)
         for layer in layers:
             self._emit(graph, layer, context)
@@ -142,14 +142,17 @@ class RecurrentRewriter:
                                      direction=one.direction.value, became=one.kind.onnx_op, node=node,
                                      node_direction=layer.direction.value,
                                      activations=", ".join(str(a) for a in one.activations),
-                                     mask=self._mask_form(one)))
+                                     mask=self._mask_form(layer, one)))
 
-    def _mask_form(self, one: Pass) -> str:
+    def _mask_form(self, layer, one: Pass) -> str:
         """How a masked pass was emitted, for the report."""
         wiring = one.wiring
         if wiring.mask is None:
             return ""
-        form = "sequence_lens (post-padded assumed)" if self.assume_post_padded else "compacted + sequence_lens"
+        if compacts(layer, self.assume_post_padded):
+            form = "compacted + sequence_lens"
+        else:
+            form = "sequence_lens (post-padded assumed)"
         return f"{wiring.mask_source}; {form}; masked steps {wiring.masked_output.value}"
 
     def _record_loop(self, loop: str, layer: str, kind: str, reason: str, where: str = "") -> None:

@@ -31,3 +31,25 @@ def _small_tensorflow_thread_pools():
     except RuntimeError:  # the runtime already started: keep its settings
         pass
     yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _every_conversion_passes_the_onnx_checker():
+    """Every model the suite converts in-process goes through the full ONNX checker and ONNX
+    shape inference (with errors raised) before the test sees it. Conversions the CLI tests run
+    in subprocesses are checked on the written file there."""
+    import onnx
+
+    from tf2onnx_rnn import api
+
+    finish = api._finish
+
+    def checked_finish(model_proto, report):
+        model_proto = finish(model_proto, report)
+        onnx.checker.check_model(model_proto, full_check=True)
+        onnx.shape_inference.infer_shapes(model_proto, check_type=True, strict_mode=True)
+        return model_proto
+
+    api._finish = checked_finish
+    yield
+    api._finish = finish

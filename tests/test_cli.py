@@ -171,8 +171,10 @@ def assert_report(stdout: str, expected: dict, traced: bool = False) -> None:
 
 
 def assert_native_model(path: str, expected: dict) -> onnx.ModelProto:
-    """The file holds exactly the expected native nodes and no Loop/Scan anywhere."""
+    """The file holds exactly the expected native nodes and no Loop/Scan anywhere, and passes the
+    full ONNX checker."""
     model_proto = onnx.load(path)
+    onnx.checker.check_model(model_proto, full_check=True)
     ops = all_op_types(model_proto.graph)
     assert not set(ops) & set(LOOP_OPS), ops
     native = collections.Counter(op for op in ops if op in NATIVE_OPS)

@@ -1,0 +1,47 @@
+"""Both ends of the supported opset range convert, pass the checker and match Keras."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+keras = pytest.importorskip("keras")
+
+import tf2onnx_rnn  # noqa: E402
+from tf2onnx_rnn.api import supported_opsets  # noqa: E402
+from tf2onnx_rnn.verify import verify_keras  # noqa: E402
+
+
+def _model():
+    x = keras.Input((None, 4), name="x")
+    h = keras.layers.Masking()(x)
+    h = keras.layers.Bidirectional(keras.layers.GRU(5, return_sequences=True))(h)
+    h = keras.layers.LSTM(3, return_sequences=True, go_backwards=True)(h)
+    y = keras.layers.SimpleRNN(2)(h)
+    model = keras.Model(x, y)
+    rng = np.random.default_rng(4)
+    model.set_weights([(rng.standard_normal(w.shape) * 0.5).astype(w.dtype) for w in model.get_weights()])
+    return model
+
+
+def test_supported_range_starts_at_14_and_reaches_18():
+    opsets = supported_opsets()
+    assert opsets.start == 14 and opsets.stop - 1 >= 17
+
+
+@pytest.mark.parametrize("end", ["oldest", "newest"])
+def test_opset_ends(end):
+    opsets = supported_opsets()
+    opset = opsets.start if end == "oldest" else opsets.stop - 1
+    model = _model()
+    model_proto = tf2onnx_rnn.convert_keras(model, opset=opset)  # the conftest runs the full checker
+    assert [o.version for o in model_proto.opset_import if o.domain in ("", "ai.onnx")] == [opset]
+    ops = [n.op_type for n in model_proto.graph.node]
+    assert sorted(op for op in ops if op in ("LSTM", "GRU", "RNN")) == ["GRU", "LSTM", "RNN"]
+    assert "Loop" not in ops
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((4, 6, 4)).astype(np.float32)
+    x[1, 3:] = 0.0  # post-padded
+    x[2, :2] = 0.0  # pre-padded
+    x[3] = 0.0  # empty
+    result = verify_keras(model, model_proto, tolerance=1e-5, inputs=[x])
+    assert result.passed, result.table()
