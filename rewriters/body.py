@@ -41,6 +41,13 @@ class Skeleton:
     state_outputs: dict  # slot -> the tensor the body returns for that slot
     constant_slots: frozenset  # slots passed through unchanged
 
+    def single_state(self, cell: str) -> tuple[int, str]:
+        """(slot, previous value) of a cell whose one state is also its output (GRU, simple RNN)."""
+        require(len(self.state_inputs) == 1, f"a {cell} carries 1 state, this loop carries {len(self.state_inputs)}")
+        ((slot, previous),) = self.state_inputs.items()
+        require(self.state_outputs[slot] == self.y_t, "the loop's state is not its per-step output")
+        return slot, previous
+
 
 @dataclass(frozen=True)
 class Affine:

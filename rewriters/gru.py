@@ -15,10 +15,7 @@ KIND = CellKind.GRU
 
 
 def match(view: BodyView, skeleton: Skeleton) -> BodyMatch:
-    require(len(skeleton.state_inputs) == 1,
-            f"a GRU carries 1 state, this loop carries {len(skeleton.state_inputs)}")
-    ((h_slot, h_prev),) = skeleton.state_inputs.items()
-    require(skeleton.state_outputs[h_slot] == skeleton.y_t, "the loop's state is not its per-step output")
+    h_slot, h_prev = skeleton.single_state("GRU")
     x_t, constants = skeleton.x_t, skeleton.constant_slots
 
     # h_t = z * h_{t-1} + (1 - z) * hh

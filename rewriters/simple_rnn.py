@@ -12,10 +12,7 @@ KIND = CellKind.SIMPLE_RNN
 
 
 def match(view: BodyView, skeleton: Skeleton) -> BodyMatch:
-    require(len(skeleton.state_inputs) == 1,
-            f"a simple RNN carries 1 state, this loop carries {len(skeleton.state_inputs)}")
-    ((h_slot, h_prev),) = skeleton.state_inputs.items()
-    require(skeleton.state_outputs[h_slot] == skeleton.y_t, "the loop's state is not its per-step output")
+    h_slot, h_prev = skeleton.single_state("simple RNN")
     pre, activation = view.gate(skeleton.y_t)
     affine = view.affine(pre, skeleton.x_t, h_prev, skeleton.constant_slots)
     require(affine.input_weight is not None, "h_t has no x_t @ W term", pre)

@@ -66,7 +66,7 @@ def convert_keras(model, input_signature=None, opset: Optional[int] = None, outp
 
     if input_signature is None:
         input_signature = keras_input_signature(model)
-    _check_opset(opset)
+    check_opset(opset)
     rewriter = RecurrentRewriter(layer_names=_layer_names(model), assume_post_padded=assume_post_padded)
     custom = list(options.pop("custom_rewriter", None) or [])
     serve, output_names = _serving_function(model, input_signature)
@@ -167,7 +167,7 @@ def convert_saved_model(path: str, output_path: Optional[str] = None, opset: Opt
 
     from .rewriters.pipeline import RecurrentRewriter
 
-    _check_opset(opset)
+    check_opset(opset)
     graph_def, inputs, outputs, tables, renames = load_saved_model_graph(path, signature_def, tag)
     rewriter = RecurrentRewriter(assume_post_padded=assume_post_padded)
     tf = _tf()
@@ -221,7 +221,8 @@ def supported_opsets() -> range:
     return range(14, newest + 1)
 
 
-def _check_opset(opset: Optional[int]) -> None:
+def check_opset(opset: Optional[int]) -> None:
+    """Raise :class:`ConversionError` for an opset outside :func:`supported_opsets`."""
     if opset is None:
         return
     supported = supported_opsets()

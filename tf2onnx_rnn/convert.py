@@ -24,7 +24,7 @@ from typing import Callable, Optional, Sequence
 
 import onnx
 
-from .api import ConversionError
+from .api import ConversionError, check_opset
 
 EXIT_OK = 0
 EXIT_VERIFICATION_FAILED = 1
@@ -185,16 +185,6 @@ def check_keras_path(path: str) -> None:
             raise ConversionError(f"not an HDF5 file: {path}")
     elif not zipfile.is_zipfile(path):
         raise ConversionError(f"not a .keras model archive (a .keras file is a zip archive): {path}")
-
-
-def check_opset(opset: Optional[int]) -> None:
-    if opset is None:
-        return
-    from .api import supported_opsets
-
-    supported = supported_opsets()
-    if opset not in supported:
-        raise ConversionError(f"opset {opset} is not supported; use {supported.start} to {supported.stop - 1}")
 
 
 # -- loading and converting ------------------------------------------------------------------
