@@ -159,11 +159,13 @@ def _time_block(run, target_seconds: float) -> float:
 
 
 def time_case(case: Case, rounds: int, block: float) -> dict:
+    import onnx
     import tensorflow as tf
 
     model = build_model(case)
     x, lengths = make_inputs(case)
     ours, stock, minimal = ours_convert(model), stock_convert(model), minimal_model(case, model)
+    onnx.checker.check_model(ours, full_check=True)
     runners = {}
     ours_session, stock_session = ort_session(ours), ort_session(stock)
     runners["ours"] = lambda: ours_session.run(None, {"x": x})
