@@ -7,7 +7,7 @@ needs, with weights already in ONNX gate order. Nothing here knows ONNX input sl
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import numpy as np

@@ -7,7 +7,7 @@ import numpy as np
 import onnx
 import pytest
 
-keras = pytest.importorskip("keras")
+import keras
 
 import tf2onnx_rnn  # noqa: E402
 from tf2onnx_rnn.rewriters import gru as gru_matcher  # noqa: E402

@@ -21,9 +21,8 @@ import numpy as np
 import onnx
 import pytest
 
-keras = pytest.importorskip("keras")
-tf_keras = pytest.importorskip("tf_keras")
-ort = pytest.importorskip("onnxruntime")
+import keras
+import onnxruntime as ort
 
 import cli_models  # noqa: E402  (tests/ is on sys.path, see conftest.py)
 from tf2onnx_rnn import api  # noqa: E402

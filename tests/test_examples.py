@@ -6,9 +6,8 @@ import subprocess
 import sys
 
 import numpy as np
-import pytest
 
-tf = pytest.importorskip("tensorflow")
+import tensorflow as tf
 
 import tf2onnx_rnn  # noqa: E402
 from tf2onnx_rnn.verify import verify_saved_model  # noqa: E402

@@ -4,10 +4,9 @@ from __future__ import annotations
 import os
 import re
 
-import pytest
 
-nbformat = pytest.importorskip("nbformat")
-nbclient = pytest.importorskip("nbclient")
+import nbformat
+import nbclient
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-keras = pytest.importorskip("keras")
+import keras
 
 import tf2onnx_rnn  # noqa: E402
 from tf2onnx_rnn.api import supported_opsets  # noqa: E402
