@@ -1,4 +1,13 @@
 """tf2onnx-rnn: Keras recurrent layers as native ONNX LSTM/GRU/RNN nodes, on top of tf2onnx."""
+import os as _os
+
+# Installed, rewriters/ is mapped into this package (setup.cfg's package_dir). Imported straight
+# from a source checkout (say, `python -m tf2onnx_rnn.convert` run in the checkout, which puts the
+# checkout first on sys.path), it sits beside this package instead: look there too.
+_HERE = _os.path.dirname(_os.path.abspath(__file__))
+if (not _os.path.isdir(_os.path.join(_HERE, "rewriters"))
+        and _os.path.isfile(_os.path.join(_HERE, _os.pardir, "rewriters", "__init__.py"))):
+    __path__.append(_os.path.dirname(_HERE))
 from .api import ConversionError, convert_keras, convert_saved_model, keras_input_signature, report_of
 from .report import METADATA_KEY, ConversionReport, LoopOutcome
 
