@@ -38,6 +38,16 @@ class CellKind(enum.Enum):
         return self.value
 
     @property
+    def keras_name(self) -> str:
+        """The Keras layer this cell kind comes from, as the report names it."""
+        return {"LSTM": "LSTM", "GRU": "GRU", "RNN": "SimpleRNN"}[self.value]
+
+    @property
+    def scope_hint(self) -> str:
+        """What Keras's scopes for this kind contain (lstm_cell, gru_1, simple_rnn...)."""
+        return {"LSTM": "lstm", "GRU": "gru", "RNN": "simple_rnn"}[self.value]
+
+    @property
     def gate_count(self) -> int:
         return {"LSTM": 4, "GRU": 3, "RNN": 1}[self.value]
 

@@ -24,16 +24,13 @@ from .layer import BodyMatch, CellKind, NoMatch, Pass
 
 logger = logging.getLogger("tf2onnx_rnn")
 
-_KIND_HINTS = (("lstm", "LSTM"), ("gru", "GRU"), ("simple_rnn", "SimpleRNN"))
 _LOOP_TYPES = ("While", "StatelessWhile")
 
 
-_LABELS = {CellKind.LSTM: "LSTM", CellKind.GRU: "GRU", CellKind.SIMPLE_RNN: "SimpleRNN"}
-
-
 def _kind_hint(name: str) -> str:
+    """The Keras layer kind a scope name suggests, for loops no matcher took."""
     lowered = name.lower()
-    return next((label for key, label in _KIND_HINTS if key in lowered), "unknown")
+    return next((kind.keras_name for kind in CellKind if kind.scope_hint in lowered), "unknown")
 
 
 class RecurrentRewriter:
@@ -92,9 +89,9 @@ class RecurrentRewriter:
                     f"internal error while matching: {type(error).__name__}: {error}")))
         # report first the matcher whose state count fits and whose kind the scope names
         hint = _kind_hint(view.graph.graph_name + " " + skeleton.y_t)
-        reasons.sort(key=lambda item: (item[0].state_count != carried, _LABELS[item[0]] != hint))
+        reasons.sort(key=lambda item: (item[0].state_count != carried, item[0].keras_name != hint))
         kind, first = reasons[0]
-        raise NoMatch(f"not a {_LABELS[kind]} cell: {first.reason}", first.node)
+        raise NoMatch(f"not a {kind.keras_name} cell: {first.reason}", first.node)
 
     # -- phase 2 -------------------------------------------------------------------------
     def _replace_loops(self, graph, loops) -> None:
@@ -121,24 +118,28 @@ class RecurrentRewriter:
         try:
             return build_pass(graph, loop, entry, name)
         except NoMatch as no_match:
-            self._record_loop(loop.name, name, _LABELS[entry.kind], no_match.reason, no_match.node)
+            self._record_loop(loop.name, name, entry.kind.keras_name, no_match.reason, no_match.node)
         except Exception as error:  # never abort the conversion
             logger.debug("reading %s raised", loop.name, exc_info=True)
-            self._record_loop(loop.name, name, _LABELS[entry.kind],
+            self._record_loop(loop.name, name, entry.kind.keras_name,
                               f"internal error while reading the loop: {type(error).__name__}: {error}")
         return None
 
     def _emit(self, graph, layer, context: EmitContext) -> None:
         try:
             node = emit(graph, layer, context)
+        except NoMatch as no_match:
+            for one in layer.passes:
+                self._record_loop(one.loop, one.name, one.kind.keras_name, no_match.reason, no_match.node)
+            return
         except Exception as error:  # never abort the conversion
             logger.debug("emitting %s raised", layer.name, exc_info=True)
             for one in layer.passes:
-                self._record_loop(one.loop, one.name, _LABELS[one.kind],
+                self._record_loop(one.loop, one.name, one.kind.keras_name,
                                   f"internal error while emitting: {type(error).__name__}: {error}")
             return
         for one in layer.passes:
-            self._record(LoopOutcome(loop=one.loop, layer=one.name, kind=_LABELS[one.kind],
+            self._record(LoopOutcome(loop=one.loop, layer=one.name, kind=one.kind.keras_name,
                                      direction=one.direction.value, became=one.kind.onnx_op, node=node,
                                      node_direction=layer.direction.value,
                                      activations=", ".join(str(a) for a in one.activations),
