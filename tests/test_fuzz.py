@@ -1,0 +1,486 @@
+"""Property-based parity fuzz (hypothesis): random recurrent Keras models against their conversion.
+
+For Keras 3 (``keras``) and tf_keras, hypothesis draws a model (see :func:`examples`):
+
+- a stack of 1-3 recurrent layers, each LSTM, GRU (``reset_after`` True or False) or SimpleRNN,
+  with 1-8 units, optionally inside ``Bidirectional`` (merge mode concat, sum, mul or ave), with
+  ``go_backwards``, ``use_bias``, and ``return_sequences`` (forced True for all but the last layer,
+  which may also ``return_state``);
+- activations ONNX can express (tanh, sigmoid, relu, hard_sigmoid, softsign, linear; recurrent
+  activations sigmoid, hard_sigmoid, tanh) and, for about one layer in ten, ``selu``, which ONNX
+  cannot express: that layer must then stay a Loop;
+- input features 1-6; no mask, a ``Masking`` layer (padded steps are all-zero vectors), or an
+  explicit bool mask input ``m`` passed as ``layer(x, mask=m)``; initial states fed from model
+  inputs for the first layer (with ``Masking`` in Keras 3, the upstream mask is sometimes passed
+  explicitly: Keras 3 ignores an implicit mask when ``initial_state`` is given, and the
+  conversion must follow Keras either way); ``go_backwards`` inside ``Bidirectional`` in
+  tf_keras only (Keras 3 refuses it);
+- every weight (biases included) seeded normal * 0.3;
+- one or two rounds of inputs on the same converted model, each with batch 1-4, time 1-7 and,
+  when masked, one mask row per batch row drawn from full / post-padded / pre-padded / holed /
+  empty.
+
+The property, per example: ``onnx.checker.check_model(full_check=True)`` passes; every
+recurrent while-loop in the report is either fused into a native node of the graph (``became``
+LSTM/GRU/RNN, the layer kind's op) or a Loop with a non-empty reason; each layer has one entry
+per direction; each layer whose activations ONNX can express is fused, each ``selu`` layer stays
+a Loop, and a model without ``selu`` has no Loop/Scan anywhere (with ``selu``: one Loop node per
+kept entry, no Scan); and onnxruntime matches ``model(inputs, training=False)`` on every output
+within 1e-4 (absolute; NaN fails).
+Not failed but counted (hypothesis events, the log): "structure notes", where an exact, fused
+conversion uses more native nodes than the README's one node per layer (a Bidirectional layer
+as two one-direction nodes). A failure would stop a long run at the first such note.
+
+Environment:
+
+- ``TF2ONNX_RNN_FUZZ_EXAMPLES``: examples per flavor (default 12).
+- ``TF2ONNX_RNN_FUZZ_SEED``: unset (default) = derandomized, the same examples on every run
+  (what CI runs); an integer = that hypothesis seed; ``random`` = a fresh random run.
+- ``TF2ONNX_RNN_FUZZ_LOG``: a file to append one JSON line per example to (flavor, fused and
+  Loop counts, max error, seconds, pass/fail), for long runs (see ``FUZZ_RESULTS.md``).
+
+A failing example is printed by hypothesis as ``example=Example(...)``; it is plain data, so it
+can be replayed outside hypothesis::
+
+    cd tests && python -c "from test_fuzz import *; check_example('keras3', Example(...))"
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+import numpy as np
+import onnx
+from hypothesis import HealthCheck, Phase, event, given, note, seed, settings
+from hypothesis import strategies as st
+
+import parity
+
+TOLERANCE = 1e-4
+WEIGHT_SCALE = 0.3
+EXAMPLES = int(os.environ.get("TF2ONNX_RNN_FUZZ_EXAMPLES", "12"))
+SEED = os.environ.get("TF2ONNX_RNN_FUZZ_SEED", "").strip()
+LOG = os.environ.get("TF2ONNX_RNN_FUZZ_LOG", "").strip()
+
+KINDS = ("LSTM", "GRU", "SimpleRNN")
+ACTIVATIONS = ("tanh", "sigmoid", "relu", "hard_sigmoid", "softsign", "linear")
+RECURRENT_ACTIVATIONS = ("sigmoid", "hard_sigmoid", "tanh")
+INEXPRESSIBLE = "selu"  # no exact ONNX recurrent activation: the layer must stay a Loop
+MERGE_MODES = ("concat", "sum", "mul", "ave")
+MASKS = ("none", "masking", "input")
+ROW_KINDS = ("full", "post", "pre", "holed", "empty")
+STATE_COUNT = {"LSTM": 2, "GRU": 1, "SimpleRNN": 1}
+LOWER = {"LSTM": "lstm", "GRU": "gru", "SimpleRNN": "simple_rnn"}
+
+
+# -- the drawn data (plain, repr-able: a printed falsifying example replays as is) -----------------
+
+@dataclass(frozen=True)
+class LayerSpec:
+    kind: str  # LSTM, GRU, SimpleRNN
+    units: int
+    activation: str
+    recurrent_activation: Optional[str] = None  # LSTM and GRU
+    reset_after: Optional[bool] = None  # GRU
+    use_bias: bool = True
+    go_backwards: bool = False
+    return_sequences: bool = False
+    merge_mode: Optional[str] = None  # set: wrapped in Bidirectional with this merge mode
+
+    @property
+    def bidirectional(self) -> bool:
+        return self.merge_mode is not None
+
+    @property
+    def expressible(self) -> bool:
+        return INEXPRESSIBLE not in (self.activation, self.recurrent_activation)
+
+    @property
+    def directions(self) -> int:
+        return 2 if self.bidirectional else 1
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    features: int
+    layers: tuple  # of LayerSpec
+    mask: str = "none"  # none, masking, input
+    initial_state: bool = False  # first layer's initial states from model inputs init_0, init_1, ...
+    explicit_upstream_mask: bool = False  # masking + initial_state: pass Masking's mask as mask=
+    return_state: bool = False  # last layer
+    weight_seed: int = 0
+
+    @property
+    def expressible(self) -> bool:
+        return all(layer.expressible for layer in self.layers)
+
+    def state_sizes(self) -> list:
+        first = self.layers[0]
+        return [first.units] * (STATE_COUNT[first.kind] * first.directions) if self.initial_state else []
+
+    def input_names(self) -> list:
+        return ["x"] + (["m"] if self.mask == "input" else []) + [f"init_{j}" for j in range(len(self.state_sizes()))]
+
+
+@dataclass(frozen=True)
+class Round:
+    batch: int
+    time: int
+    data_seed: int
+    rows: Optional[tuple] = None  # masked models: one "1"/"0" string (kept/padded) per batch row
+
+    def mask(self) -> np.ndarray:
+        return np.array([[c == "1" for c in row] for row in self.rows], dtype=bool).reshape(self.batch, self.time)
+
+
+@dataclass(frozen=True)
+class Example:
+    spec: ModelSpec
+    rounds: tuple  # of Round
+
+
+# -- strategies ---------------------------------------------------------------------------------
+
+@st.composite
+def layer_specs(draw, flavor: str, last: bool) -> LayerSpec:
+    kind = draw(st.sampled_from(KINDS))
+    units = draw(st.integers(1, 8))
+    activation = draw(st.sampled_from(ACTIVATIONS))
+    recurrent = draw(st.sampled_from(RECURRENT_ACTIVATIONS)) if kind != "SimpleRNN" else None
+    # about one layer in ten gets an activation ONNX cannot express (shrinks away from it)
+    if draw(st.integers(0, 9)) == 9:
+        if recurrent is not None and draw(st.booleans()):
+            recurrent = INEXPRESSIBLE
+        else:
+            activation = INEXPRESSIBLE
+    merge_mode = draw(st.sampled_from(MERGE_MODES)) if draw(st.booleans()) else None
+    return LayerSpec(
+        kind=kind, units=units, activation=activation, recurrent_activation=recurrent,
+        reset_after=draw(st.booleans()) if kind == "GRU" else None,
+        use_bias=draw(st.integers(0, 4)) != 4,  # mostly with bias
+        # Keras 3's Bidirectional always makes its backward copy go_backwards=True and refuses a
+        # forward layer that goes backwards too; tf_keras swaps the two directions instead
+        go_backwards=draw(st.booleans()) if flavor == "tf_keras" or merge_mode is None else False,
+        return_sequences=draw(st.booleans()) if last else True,
+        merge_mode=merge_mode)
+
+
+@st.composite
+def model_specs(draw, flavor: str) -> ModelSpec:
+    depth = draw(st.integers(1, 3))
+    layers = tuple(draw(layer_specs(flavor, last=i == depth - 1)) for i in range(depth))
+    mask = draw(st.sampled_from(MASKS))
+    initial_state = draw(st.booleans())
+    return ModelSpec(
+        features=draw(st.integers(1, 6)), layers=layers, mask=mask, initial_state=initial_state,
+        # Keras 3 only (its implicit mask is dropped when initial_state is given); in tf_keras the
+        # mask propagates anyway, and its KerasTensor mask passed as mask= breaks the model
+        explicit_upstream_mask=(draw(st.booleans()) if flavor == "keras3" and mask == "masking" and initial_state
+                                else False),
+        return_state=draw(st.booleans()),
+        weight_seed=draw(st.integers(0, 2**32 - 1)))
+
+
+@st.composite
+def mask_rows(draw, time: int) -> str:
+    """One row's mask as a "1"/"0" string, of a drawn kind."""
+    kind = draw(st.sampled_from(ROW_KINDS))
+    t = np.arange(time)
+    if kind == "full":
+        row = t >= 0
+    elif kind == "empty":
+        row = t < 0
+    elif kind in ("post", "pre"):
+        kept = draw(st.integers(1, max(1, time - 1)))
+        row = t < kept if kind == "post" else t >= time - kept
+    else:  # holed: both ends kept, at least one hole between (when time allows), the rest drawn
+        row = np.array(draw(st.lists(st.booleans(), min_size=time, max_size=time)), dtype=bool)
+        if time >= 3:
+            row[0] = row[-1] = True
+            row[draw(st.integers(1, time - 2))] = False
+    return "".join("1" if kept else "0" for kept in row)
+
+
+@st.composite
+def rounds_for(draw, spec: ModelSpec) -> Round:
+    batch, time = draw(st.integers(1, 4)), draw(st.integers(1, 7))
+    rows = tuple(draw(mask_rows(time)) for _ in range(batch)) if spec.mask != "none" else None
+    return Round(batch=batch, time=time, data_seed=draw(st.integers(0, 2**16)), rows=rows)
+
+
+@st.composite
+def examples(draw, flavor: str) -> Example:
+    spec = draw(model_specs(flavor))
+    return Example(spec, tuple(draw(st.lists(rounds_for(spec), min_size=1, max_size=2))))
+
+
+# -- building and feeding -----------------------------------------------------------------------
+
+def layer_name(index: int, layer: LayerSpec) -> str:
+    return f"fz{index}_{LOWER[layer.kind]}"
+
+
+LAYER_INDEX = re.compile(r"fz(\d+)_")  # the report names fz<i>_<kind> (or forward_/backward_ fz<i>_...)
+
+
+def flatten(out) -> list:
+    if isinstance(out, (list, tuple)):
+        return [leaf for item in out for leaf in flatten(item)]
+    return [out]
+
+
+def build_model(flavor: str, spec: ModelSpec):
+    K = parity.keras_module(flavor)
+    L = K.layers
+    x = K.Input((None, spec.features), name="x")
+    inputs, h, mask = [x], x, None
+    if spec.mask == "masking":
+        h = L.Masking(mask_value=0.0, name="fz_masking")(x)
+    elif spec.mask == "input":
+        mask = K.Input((None,), dtype="bool", name="m")
+        inputs.append(mask)
+    outputs = []
+    for index, ls in enumerate(spec.layers):
+        last = index == len(spec.layers) - 1
+        kwargs = dict(activation=ls.activation, use_bias=ls.use_bias, go_backwards=ls.go_backwards,
+                      return_sequences=ls.return_sequences, return_state=last and spec.return_state)
+        if ls.recurrent_activation is not None:
+            kwargs["recurrent_activation"] = ls.recurrent_activation
+        if ls.reset_after is not None:
+            kwargs["reset_after"] = ls.reset_after
+        layer = getattr(L, ls.kind)(ls.units, name=layer_name(index, ls), **kwargs)
+        if ls.bidirectional:
+            layer = L.Bidirectional(layer, merge_mode=ls.merge_mode, name=f"fz{index}_bi")
+        call = {}
+        if index == 0:
+            if mask is not None:
+                call["mask"] = mask
+            elif spec.explicit_upstream_mask:
+                call["mask"] = h._keras_mask
+            if spec.initial_state:
+                states = [K.Input((size,), name=f"init_{j}") for j, size in enumerate(spec.state_sizes())]
+                inputs += states
+                call["initial_state"] = states
+        out = layer(h, **call)
+        if last:
+            outputs = flatten(out)
+        else:
+            h = out
+    model = K.Model(inputs if len(inputs) > 1 else inputs[0], outputs if len(outputs) > 1 else outputs[0],
+                    name="fuzz")
+    parity.randomize_weights(model, spec.weight_seed, scale=WEIGHT_SCALE)
+    return model
+
+
+def make_feeds(spec: ModelSpec, rnd: Round) -> list:
+    """Arrays in the model's input order (``spec.input_names()``)."""
+    rng = np.random.default_rng(rnd.data_seed)
+    x = rng.standard_normal((rnd.batch, rnd.time, spec.features)).astype(np.float32)
+    arrays = [x]
+    if spec.mask == "masking":
+        x[~rnd.mask()] = 0.0  # padded steps are all-zero vectors; kept ones are never all zero
+    elif spec.mask == "input":
+        arrays.append(rnd.mask())
+    arrays += [rng.standard_normal((rnd.batch, size)).astype(np.float32) for size in spec.state_sizes()]
+    return arrays
+
+
+# -- the property -------------------------------------------------------------------------------
+
+def direction_of(node) -> str:
+    value = parity.attribute(node, "direction")
+    if value is None:
+        return "forward"
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def structure_problems(spec: ModelSpec, proto: onnx.ModelProto) -> tuple:
+    """(problems, notes, stats) for the report and the graph's nodes.
+
+    Problems break the property. Notes ("<tag>: <details>") are structural shortfalls that leave the conversion
+    exact and fused (a Bidirectional layer as two one-direction nodes instead of one
+    ``bidirectional`` node, so more native nodes than layers): they are counted and logged, not
+    failed, so that one of them does not stop a long run from exploring parity."""
+    from tf2onnx_rnn import report_of
+
+    problems, notes = [], []
+    report = report_of(proto)
+    if report is None:
+        return ["no conversion report in the model's metadata"], [], {}
+    outcomes = list(report.outcomes)
+    nodes = {n.name: n for n in parity.all_nodes(proto.graph)}
+    native = parity.nodes_of_types(proto, parity.RECURRENT_OPS)
+    loops = parity.nodes_of_types(proto, parity.LOOP_OPS)
+    stats = dict(loops=len(outcomes), fused=sum(o.fused for o in outcomes),
+                 kept=sum(not o.fused for o in outcomes), native_nodes=len(native), loop_nodes=len(loops))
+
+    # every entry: fused into an existing native node, or a Loop with a reason
+    for o in outcomes:
+        if o.fused:
+            node = nodes.get(o.node)
+            if o.became not in parity.RECURRENT_OPS:
+                problems.append(f"{o.layer}: became {o.became!r}, neither a native op nor Loop")
+            elif node is None or node.op_type != o.became:
+                problems.append(f"{o.layer}: became {o.became} but names node {o.node!r}, not such a node")
+        elif not o.reason.strip():
+            problems.append(f"{o.layer}: stays a Loop without a reason")
+
+    # per layer: the expected number of entries, fused iff its activations are expressible
+    by_layer: dict = {}
+    for o in outcomes:
+        found = LAYER_INDEX.search(o.layer)
+        if found is None or int(found.group(1)) >= len(spec.layers):
+            problems.append(f"report entry for an unknown layer {o.layer!r}")
+            continue
+        by_layer.setdefault(int(found.group(1)), []).append(o)
+    fused_nodes = 0
+    for index, ls in enumerate(spec.layers):
+        entries = by_layer.get(index, [])
+        name = layer_name(index, ls)
+        if len(entries) != ls.directions:
+            problems.append(f"{name}: {len(entries)} report entries, expected {ls.directions}")
+        if ls.expressible:
+            fused_nodes += 1
+            unfused = [f"{o.layer}: {o.reason}" for o in entries if not o.fused]
+            if unfused:
+                problems.append(f"{name} ({ls.activation}/{ls.recurrent_activation}) stayed a Loop: {unfused}")
+            expected_op = parity.ONNX_OP[ls.kind]
+            for o in entries:
+                if o.fused and o.became != expected_op:
+                    problems.append(f"{o.layer}: became {o.became}, expected {expected_op}")
+            if ls.bidirectional and len(entries) == 2 and all(o.fused for o in entries):
+                node = nodes.get(entries[0].node)
+                if entries[0].node != entries[1].node or node is None or direction_of(node) != "bidirectional":
+                    notes.append(f"Bidirectional as two nodes: {name}: Bidirectional became {len({o.node for o in entries})} nodes, "
+                                 f"not one bidirectional node: {[(o.node, o.node_direction) for o in entries]}")
+        else:
+            fused = [o.layer for o in entries if o.fused]
+            if fused:
+                problems.append(f"{name} uses {INEXPRESSIBLE} but was fused: {fused}")
+
+    if len(native) != fused_nodes:
+        notes.append(f"more native nodes than layers: {len(native)} native recurrent nodes "
+                        f"{[(n.op_type, direction_of(n)) for n in native]}, expected {fused_nodes}")
+    if spec.expressible:
+        if loops:
+            problems.append(f"Loop/Scan nodes left: {[(n.op_type, n.name) for n in loops]}")
+        if stats["kept"]:
+            problems.append(f"{stats['kept']} loop(s) left as Loop in a model without {INEXPRESSIBLE}")
+    else:
+        scans = [n.name for n in loops if n.op_type == "Scan"]
+        if scans:
+            problems.append(f"Scan nodes: {scans}")
+        if len(loops) != stats["kept"]:
+            problems.append(f"{stats['kept']} loop(s) reported kept, the graph has {len(loops)} Loop node(s)")
+    return problems, notes, stats
+
+
+def parity_problems(spec: ModelSpec, model, proto: onnx.ModelProto, rounds) -> tuple:
+    """(problems, max abs error over every round and output)."""
+    problems, worst = [], 0.0
+    initializers = {t.name for t in proto.graph.initializer}
+    graph_inputs = [i.name for i in proto.graph.input if i.name not in initializers]
+    if sorted(graph_inputs) != sorted(spec.input_names()):
+        return [f"ONNX inputs {graph_inputs}, expected {spec.input_names()}"], float("nan")
+    session = parity.ort_session(proto)
+    for index, rnd in enumerate(rounds):
+        label = f"round {index} (batch {rnd.batch}, time {rnd.time}, rows {rnd.rows})"
+        arrays = make_feeds(spec, rnd)
+        expected = parity.keras_outputs(model, arrays)
+        actual = parity.run_onnx(session, spec.input_names(), arrays)
+        if len(actual) != len(expected):
+            problems.append(f"{label}: Keras gives {len(expected)} outputs, ONNX {len(actual)}")
+            continue
+        for out, (want, got) in enumerate(zip(expected, actual)):
+            where = f"{label}, output {out} ({proto.graph.output[out].name})"
+            if not np.all(np.isfinite(want)):
+                problems.append(f"{where}: Keras output is not finite (the generator's weights are too large)")
+                continue
+            if got.shape != want.shape:
+                problems.append(f"{where}: ONNX shape {got.shape}, Keras {want.shape}")
+                continue
+            if got.dtype != want.dtype:
+                problems.append(f"{where}: ONNX dtype {got.dtype}, Keras {want.dtype}")
+            diff = np.abs(got.astype(np.float64) - want.astype(np.float64))
+            error = float(np.max(diff)) if diff.size else 0.0
+            worst = max(worst, error) if error == error else float("nan")
+            if not error <= TOLERANCE:  # NaN fails too
+                rows = sorted({int(i) for i in np.argwhere(~(diff <= TOLERANCE))[:, 0]})
+                problems.append(f"{where}: max abs error {error:.3g} in batch rows {rows}")
+    return problems, worst
+
+
+def check_example(flavor: str, example: Example) -> dict:
+    """Build, convert and check one example; raises AssertionError listing every problem.
+    Returns the example's statistics."""
+    from tf2onnx_rnn import convert_keras
+
+    spec = example.spec
+    started = time.perf_counter()
+    record = dict(flavor=flavor, ok=False, expressible=spec.expressible, layers=len(spec.layers), mask=spec.mask)
+    try:
+        model = build_model(flavor, spec)
+        proto = convert_keras(model)
+        problems = []
+        try:
+            onnx.checker.check_model(proto, full_check=True)
+        except Exception as error:  # noqa: BLE001 - reported with the rest
+            problems.append(f"onnx.checker.check_model(full_check=True): {type(error).__name__}: {error}")
+        structural, notes, stats = structure_problems(spec, proto)
+        record.update(stats, notes=notes)
+        problems += structural
+        numeric, worst = parity_problems(spec, model, proto, example.rounds)
+        record["max_abs_error"] = worst
+        problems += numeric
+        if problems:
+            raise AssertionError(f"{flavor} {example}:\n- " + "\n- ".join(problems) + "\n"
+                                 + parity.report_table(proto))
+        record["ok"] = True
+    except Exception as error:
+        record["error"] = f"{type(error).__name__}: {str(error)[:2000]}"
+        raise
+    finally:
+        record["seconds"] = round(time.perf_counter() - started, 3)
+        if LOG:
+            with open(LOG, "a", encoding="utf-8") as log:
+                log.write(json.dumps(dict(record, example=asdict(example))) + "\n")
+    return record
+
+
+# -- settings and the tests ---------------------------------------------------------------------
+
+def fuzz(test):
+    """Apply the fuzz settings: derandomized unless TF2ONNX_RNN_FUZZ_SEED says otherwise."""
+    test = settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=not SEED,
+                    phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink),
+                    suppress_health_check=(HealthCheck.too_slow, HealthCheck.data_too_large,
+                                           HealthCheck.large_base_example, HealthCheck.filter_too_much),
+                    print_blob=False)(test)
+    if SEED and SEED.lower() != "random":
+        test = seed(int(SEED))(test)
+    return test
+
+
+def run_property(flavor: str, example: Example) -> None:
+    record = check_example(flavor, example)
+    event(f"{record['fused']} loop(s) fused, {record['kept']} left as Loop")
+    event(f"mask: {example.spec.mask}; {len(example.spec.layers)} layer(s)")
+    for text in record["notes"]:
+        note(f"structure note: {text}")
+        event("structure note: " + text.split(":")[0])
+
+
+@fuzz
+@given(example=examples("keras3"))
+def test_fuzz_keras3(example: Example):
+    run_property("keras3", example)
+
+
+@fuzz
+@given(example=examples("tf_keras"))
+def test_fuzz_tf_keras(example: Example):
+    run_property("tf_keras", example)
