@@ -46,11 +46,13 @@ class Case:
     time: int = TIME
     hidden: int = HIDDEN
     depth: int = 1
+    mask_input: bool = False  # masked: the mask is a model input (layer(x, mask=m)), not a Masking layer
 
     @property
     def name(self) -> str:
+        masking = ("maskinput" if self.mask_input else "masked") if self.masked else "plain"
         parts = [self.kind.lower().replace("simplernn", "rnn"), "bi" if self.bidirectional else "uni",
-                 "masked" if self.masked else "plain", f"b{self.batch}"]
+                 masking, f"b{self.batch}"]
         if self.time != TIME:
             parts.append(f"t{self.time}")
         if self.depth > 1:
@@ -63,6 +65,7 @@ class Case:
 def all_cases() -> list:
     cases = [Case(kind, bi, masked, batch) for kind in KINDS.values() for bi in (False, True)
              for masked in (False, True) for batch in (1, 16)]
+    cases += [Case(kind, False, True, batch, mask_input=True) for kind in ("LSTM", "GRU") for batch in (1, 16)]
     cases += [Case("LSTM", False, False, 1, time=1000), Case("GRU", False, True, 1, time=1000),
               Case("LSTM", False, False, 1, depth=4), Case("LSTM", False, False, 16, depth=4)]
     return cases
@@ -74,19 +77,26 @@ QUICK = ("gru-uni-plain-b1", "lstm-uni-masked-b1", "gru-bi-plain-b1", "rnn-uni-p
 def build_model(case: Case, seed: int = 0):
     import keras
 
-    inputs = keras.Input((None, FEATURES), name="x")
-    hidden = keras.layers.Masking()(inputs) if case.masked else inputs
+    inputs = [keras.Input((None, FEATURES), name="x")]
+    hidden, call = inputs[0], {}
+    if case.masked and case.mask_input:
+        inputs.append(keras.Input((None,), dtype="bool", name="mask"))
+        call = {"mask": inputs[1]}
+    elif case.masked:
+        hidden = keras.layers.Masking()(hidden)
     for _ in range(case.depth):
         layer = getattr(keras.layers, case.kind)(case.hidden, return_sequences=True)
-        hidden = keras.layers.Bidirectional(layer)(hidden) if case.bidirectional else layer(hidden)
-    model = keras.Model(inputs, hidden)
+        layer = keras.layers.Bidirectional(layer) if case.bidirectional else layer
+        hidden = layer(hidden, **call)
+    model = keras.Model(inputs if len(inputs) > 1 else inputs[0], hidden)
     rng = np.random.default_rng(seed)
     model.set_weights([(rng.standard_normal(w.shape) * 0.1).astype(np.float32) for w in model.get_weights()])
     return model
 
 
 def make_inputs(case: Case, seed: int = 1):
-    """x [B, T, F]; masked cases get mixed lengths (first row full), padded with zeros after."""
+    """x [B, T, F] and lengths; masked cases get mixed lengths (first row full), padded with
+    zeros after. Returns (feeds for the converted models, Keras's inputs, lengths)."""
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((case.batch, case.time, FEATURES)).astype(np.float32)
     lengths = np.full(case.batch, case.time, np.int32)
@@ -95,7 +105,10 @@ def make_inputs(case: Case, seed: int = 1):
         lengths[0] = case.time
         for row, length in enumerate(lengths):
             x[row, length:] = 0.0
-    return x, lengths
+    if case.masked and case.mask_input:
+        mask = np.arange(case.time)[None, :] < lengths[:, None]
+        return {"x": x, "mask": mask}, [x, mask], lengths
+    return {"x": x}, x, lengths
 
 
 def minimal_model(case: Case, model):
@@ -128,6 +141,8 @@ def stock_convert(model):
     from tf2onnx_rnn.api import _ort_max_ir
 
     spec = [tf.TensorSpec((None, None, FEATURES), tf.float32, name="x")]
+    if len(model.inputs) > 1:
+        spec.append(tf.TensorSpec((None, None), tf.bool, name="mask"))
     model_proto, _ = tf2onnx.convert.from_keras(model, input_signature=spec, opset=17)
     model_proto.ir_version = min(model_proto.ir_version, _ort_max_ir())
     return model_proto
@@ -163,25 +178,26 @@ def time_case(case: Case, rounds: int, block: float) -> dict:
     import tensorflow as tf
 
     model = build_model(case)
-    x, lengths = make_inputs(case)
+    feeds, keras_inputs, lengths = make_inputs(case)
+    x = feeds["x"]
     ours, stock, minimal = ours_convert(model), stock_convert(model), minimal_model(case, model)
     onnx.checker.check_model(ours, full_check=True)
     runners = {}
     ours_session, stock_session = ort_session(ours), ort_session(stock)
-    runners["ours"] = lambda: ours_session.run(None, {"x": x})
-    runners["stock"] = lambda: stock_session.run(None, {"x": x})
+    runners["ours"] = lambda: ours_session.run(None, feeds)
+    runners["stock"] = lambda: stock_session.run(None, feeds)
     if case.masked:  # the opt-in: exact here, since the benchmark's rows are post-padded
         post_session = ort_session(ours_convert(model, assume_post_padded=True))
-        runners["ours_post"] = lambda: post_session.run(None, {"x": x})
+        runners["ours_post"] = lambda: post_session.run(None, feeds)
     if minimal is not None:
         minimal_session = ort_session(minimal)
-        feeds = {"x": x, "lengths": lengths} if case.masked else {"x": x}
-        runners["minimal"] = lambda: minimal_session.run(None, feeds)
+        minimal_feeds = {"x": x, "lengths": lengths} if case.masked else {"x": x}
+        runners["minimal"] = lambda: minimal_session.run(None, minimal_feeds)
     serve = tf.function(lambda t: model(t, training=False))
-    tx = tf.constant(x)
-    runners["tensorflow"] = lambda: serve(tx).numpy()
+    tensors = [tf.constant(a) for a in keras_inputs] if isinstance(keras_inputs, list) else tf.constant(x)
+    runners["tensorflow"] = lambda: serve(tensors).numpy()
 
-    expected = np.asarray(model(x, training=False))
+    expected = np.asarray(model(keras_inputs, training=False))
     errors = {name: float(np.max(np.abs(runners[name]()[0] - expected)))
               for name in ("ours", "ours_post", "stock") if name in runners}
     samples = {name: [] for name in runners}
