@@ -150,7 +150,7 @@ def _list_source(graph, loop, slot: int, what: str):
 def _outputs(graph, loop, match: BodyMatch, direction: Direction) -> dict:
     """Which tensors of the outer graph the layer's outputs replace."""
     state_slots = dict((slot, role) for role, slot in match.states)
-    sequence, restored, last, states = [], [], [], []
+    sequence, reversed_, last, states = [], [], [], []
     for slot, tensor in enumerate(loop.output):
         consumers = graph.find_output_consumers(tensor)
         if not consumers:
@@ -160,11 +160,11 @@ def _outputs(graph, loop, match: BodyMatch, direction: Direction) -> dict:
                     "the output TensorList is used other than by TensorListStack", loop.name)
             stacked = [c.output[0] for c in consumers]
             if match.output_every_step:
-                undone = _reversals_undone(graph, stacked) if direction is Direction.BACKWARD else None
-                if undone is None:
+                reversals = _reversals(graph, stacked)
+                if reversals is None:
                     sequence.extend(stacked)
                 else:
-                    restored.extend(undone)
+                    reversed_.extend(reversals)
             else:
                 _require_single_element_list(graph, loop, slot)
                 last.extend(stacked)
@@ -174,17 +174,17 @@ def _outputs(graph, loop, match: BodyMatch, direction: Direction) -> dict:
             raise NoMatch("the masked output's loop variable is used after the loop", loop.name)
         else:
             raise NoMatch(f"loop output {slot} (not a state or the output) is used after the loop", loop.name)
-    replaced = sequence + restored + last + [tensor for _, tensor in states]
+    replaced = sequence + reversed_ + last + [tensor for _, tensor in states]
     require(not set(replaced) & set(graph.outputs), "a loop output is itself a graph output", loop.name)
-    return dict(sequence_output=tuple(sequence), restored_output=tuple(restored), last_output=tuple(last),
+    return dict(sequence_output=tuple(sequence), reversed_output=tuple(reversed_), last_output=tuple(last),
                 final_states=tuple(states))
 
 
-def _reversals_undone(graph, stacked: list):
-    """Where Keras puts a backward sequence back in time order (Bidirectional does):
+def _reversals(graph, stacked: list):
+    """Where Keras reverses a sequence in time (Bidirectional does to its backward layer):
     ``ReverseV2(Transpose(stack, [1, 0, 2]), axis=1)``. Returns those [B, T, H] tensors when
     every use of the sequence goes through one, else None."""
-    restored = []
+    found = []
     for tensor in stacked:
         for transpose in graph.find_output_consumers(tensor):
             if transpose.type != "Transpose" or _constant_list(graph, transpose.input[1]) != [1, 0, 2]:
@@ -192,8 +192,8 @@ def _reversals_undone(graph, stacked: list):
             for reverse in graph.find_output_consumers(transpose.output[0]):
                 if reverse.type not in ("ReverseV2", "Reverse") or _constant_list(graph, reverse.input[1]) != [1]:
                     return None
-                restored.append(reverse.output[0])
-    return restored or None
+                found.append(reverse.output[0])
+    return found or None
 
 
 def _constant_list(graph, tensor: str):
@@ -242,7 +242,7 @@ def plan_nodes(graph, passes: list, assume_post_padded: bool = False) -> list:
     layers, remaining = [], list(passes)
     while remaining:
         current = remaining.pop(0)
-        partner = next((p for p in remaining if _pairs(graph, current, p)), None)
+        partner = next((p for p in remaining if _pairs(graph, current, p, assume_post_padded)), None)
         if partner is None:
             layers.append(_single(graph, current, assume_post_padded))
             continue
@@ -262,14 +262,14 @@ def _single(graph, one: Pass, assume_post_padded: bool) -> RecurrentLayer:
     wiring = one.wiring
     post_padded_sequence = assume_post_padded and wiring.mask is not None and wiring.sequence_output
     if (one.direction is Direction.BACKWARD and (not wiring.sequence_output or post_padded_sequence)
-            and _reversible(one)):
+            and _reversible(one, assume_post_padded)):
         return RecurrentLayer(x=wiring.x_unreversed, direction=NodeDirection.REVERSE, passes=(one,),
                               mask=wiring.mask_unreversed, mask_key=_tensor_key(graph, wiring.mask_unreversed))
     return RecurrentLayer(x=wiring.x, direction=NodeDirection.FORWARD, passes=(one,), mask=wiring.mask,
                           mask_key=_tensor_key(graph, wiring.mask))
 
 
-def _pairs(graph, a: Pass, b: Pass) -> bool:
+def _pairs(graph, a: Pass, b: Pass, assume_post_padded: bool) -> bool:
     if {a.direction, b.direction} != {Direction.FORWARD, Direction.BACKWARD}:
         return False
     forward, backward = (a, b) if a.direction is Direction.FORWARD else (b, a)
@@ -278,16 +278,21 @@ def _pairs(graph, a: Pass, b: Pass) -> bool:
     same_states = {r for r, _ in a.wiring.initial_states} == {r for r, _ in b.wiring.initial_states}
     same_mask = ((forward.wiring.mask is None) == (backward.wiring.mask is None)
                  and _tensor_key(graph, forward.wiring.mask) == _tensor_key(graph, backward.wiring.mask_unreversed))
-    return (same_shape and same_states and same_mask and not backward.wiring.sequence_output
-            and _reversible(backward)
+    return (same_shape and same_states and same_mask and _reversible(backward, assume_post_padded)
             and _tensor_key(graph, forward.wiring.x) == _tensor_key(graph, backward.wiring.x_unreversed))
 
 
-def _reversible(one: Pass) -> bool:
-    """Whether ONNX's reverse direction can give what Keras uses of this backward pass: its
-    carried outputs at masked steps run back in time, so only a time-ordered sequence with
-    zeros at masked steps (or no sequence at all) can be put back."""
-    return not (one.wiring.restored_output and one.wiring.masked_output is MaskedOutput.CARRY)
+def _reversible(one: Pass, assume_post_padded: bool) -> bool:
+    """Whether ONNX's reverse direction over the unreversed input gives what Keras uses of this
+    backward pass. Outputs at masked steps that carry the previous one carry it back in time,
+    which compacted outputs cannot give; with post-padding assumed nothing is compacted and the
+    step-order sequence is Y reversed in time."""
+    wiring = one.wiring
+    if wiring.masked_output is not MaskedOutput.CARRY:
+        return True
+    if wiring.reversed_output:
+        return False
+    return not wiring.sequence_output or assume_post_padded
 
 
 _PURE_OPS = frozenset({"Transpose", "ExpandDims", "Squeeze", "Reshape", "Cast", "Identity", "ReverseV2",

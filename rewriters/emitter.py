@@ -9,7 +9,7 @@ from onnx import TensorProto, helper
 from tf2onnx import utils
 from tf2onnx.graph_builder import GraphBuilder
 
-from .layer import Direction, MaskedOutput, NodeDirection, RecurrentLayer, StateRole, require
+from .layer import Direction, MaskedOutput, NodeDirection, RecurrentLayer, StateRole
 
 
 class Slot(enum.IntEnum):
@@ -255,18 +255,17 @@ class _Emission:
     def wire(self, node) -> None:
         for index, one in enumerate(self.layer.passes):
             wiring = one.wiring
-            forward_in_node = self.layer.runs_forward(index)
-            if wiring.sequence_output or wiring.restored_output:
+            if wiring.sequence_output or wiring.reversed_output:
                 in_node_order = self.sequence(node, index, wiring)
+                # a pass stepping backward through X yields its step-order sequence reversed
+                step_order = self.layer.runs_forward(index)
                 if wiring.sequence_output:
-                    # a pass stepping backward through X yields its steps last to first
                     self.replace(wiring.sequence_output,
-                                 in_node_order if forward_in_node else self.reversed_in_time(in_node_order))
-                if wiring.restored_output:
-                    require(not forward_in_node, "a backward sequence put back in order needs a reverse pass",
-                            one.loop)
-                    batch_major = self.graph.make_node("Transpose", [in_node_order], attr={"perm": _BATCH_MAJOR})
-                    self.replace(wiring.restored_output, batch_major.output[0])
+                                 in_node_order if step_order else self.reversed_in_time(in_node_order))
+                if wiring.reversed_output:
+                    reversed_steps = self.reversed_in_time(in_node_order) if step_order else in_node_order
+                    batch_major = self.graph.make_node("Transpose", [reversed_steps], attr={"perm": _BATCH_MAJOR})
+                    self.replace(wiring.reversed_output, batch_major.output[0])
             if wiring.last_output:
                 last = node.output[Out.Y_H]
                 if len(self.layer.passes) > 1:
@@ -274,7 +273,7 @@ class _Emission:
                                                     "axes": [0]})
                 if wiring.masked_output is MaskedOutput.ZERO:
                     # the loop's last write: zeros when its last step is masked
-                    last = self.mask.op("Mul", [last, self.mask.kept_at(-1 if forward_in_node else 0)])
+                    last = self.mask.op("Mul", [last, self.mask.kept_at(-1 if self.layer.runs_forward(index) else 0)])
                 self.replace(wiring.last_output, last)
             initial = dict(wiring.initial_states)
             for role, old in wiring.final_states:

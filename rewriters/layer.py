@@ -148,7 +148,8 @@ class Wiring:
     x: str  # time-major input [T, B, F], in the order the Keras loop steps through it
     x_unreversed: Optional[str] = None  # for a backward pass: the input before Keras reversed it
     sequence_output: tuple[str, ...] = ()  # become Y squeezed to [T, B, H], in step order
-    restored_output: tuple[str, ...] = ()  # backward pass: [B, T, H] outputs Keras put back in time order
+    reversed_output: tuple[str, ...] = ()  # [B, T, H]: the step-order sequence reversed in time (Keras's
+    # Bidirectional reverses its backward layer's output, putting a backward pass back in time order)
     last_output: tuple[str, ...] = ()  # become Y_h, [1, B, H]
     final_states: tuple[tuple[StateRole, str], ...] = ()  # become a state, [B, H]
     initial_states: tuple[tuple[StateRole, str], ...] = ()  # [B, H] tensors; absent roles start at zero

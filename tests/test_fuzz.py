@@ -301,10 +301,9 @@ def direction_of(node) -> str:
 def structure_problems(spec: ModelSpec, proto: onnx.ModelProto) -> tuple:
     """(problems, notes, stats) for the report and the graph's nodes.
 
-    Problems break the property. Notes ("<tag>: <details>") are structural shortfalls that leave the conversion
-    exact and fused (a Bidirectional layer as two one-direction nodes instead of one
-    ``bidirectional`` node, so more native nodes than layers): they are counted and logged, not
-    failed, so that one of them does not stop a long run from exploring parity."""
+    Problems break the property; a Bidirectional layer must be one ``bidirectional`` node and
+    there must be one native node per fused layer. Notes ("<tag>: <details>") are kept for
+    shortfalls that leave the conversion exact; they are counted and logged, not failed."""
     from tf2onnx_rnn import report_of
 
     problems, notes = [], []
@@ -355,7 +354,7 @@ def structure_problems(spec: ModelSpec, proto: onnx.ModelProto) -> tuple:
             if ls.bidirectional and len(entries) == 2 and all(o.fused for o in entries):
                 node = nodes.get(entries[0].node)
                 if entries[0].node != entries[1].node or node is None or direction_of(node) != "bidirectional":
-                    notes.append(f"Bidirectional as two nodes: {name}: Bidirectional became {len({o.node for o in entries})} nodes, "
+                    problems.append(f"Bidirectional as two nodes: {name}: Bidirectional became {len({o.node for o in entries})} nodes, "
                                  f"not one bidirectional node: {[(o.node, o.node_direction) for o in entries]}")
         else:
             fused = [o.layer for o in entries if o.fused]
@@ -363,7 +362,7 @@ def structure_problems(spec: ModelSpec, proto: onnx.ModelProto) -> tuple:
                 problems.append(f"{name} uses {INEXPRESSIBLE} but was fused: {fused}")
 
     if len(native) != fused_nodes:
-        notes.append(f"more native nodes than layers: {len(native)} native recurrent nodes "
+        problems.append(f"more native nodes than layers: {len(native)} native recurrent nodes "
                         f"{[(n.op_type, direction_of(n)) for n in native]}, expected {fused_nodes}")
     if spec.expressible:
         if loops:
