@@ -274,6 +274,14 @@ def attribute(node: onnx.NodeProto, name: str):
     return None
 
 
+def direction_of(node: onnx.NodeProto) -> str:
+    """A recurrent node's ``direction`` attribute (ONNX's default is forward)."""
+    value = attribute(node, "direction")
+    if value is None:
+        return "forward"
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 def report_table(model_proto: onnx.ModelProto) -> str:
     """The stored conversion report as text, for failure messages."""
     from tf2onnx_rnn import report_of

@@ -291,11 +291,6 @@ def make_feeds(spec: ModelSpec, rnd: Round) -> list:
 
 # -- the property -------------------------------------------------------------------------------
 
-def direction_of(node) -> str:
-    value = parity.attribute(node, "direction")
-    if value is None:
-        return "forward"
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def structure_problems(spec: ModelSpec, proto: onnx.ModelProto) -> tuple:
@@ -353,7 +348,7 @@ def structure_problems(spec: ModelSpec, proto: onnx.ModelProto) -> tuple:
                     problems.append(f"{o.layer}: became {o.became}, expected {expected_op}")
             if ls.bidirectional and len(entries) == 2 and all(o.fused for o in entries):
                 node = nodes.get(entries[0].node)
-                if entries[0].node != entries[1].node or node is None or direction_of(node) != "bidirectional":
+                if entries[0].node != entries[1].node or node is None or parity.direction_of(node) != "bidirectional":
                     problems.append(f"Bidirectional as two nodes: {name}: Bidirectional became {len({o.node for o in entries})} nodes, "
                                  f"not one bidirectional node: {[(o.node, o.node_direction) for o in entries]}")
         else:
@@ -363,7 +358,7 @@ def structure_problems(spec: ModelSpec, proto: onnx.ModelProto) -> tuple:
 
     if len(native) != fused_nodes:
         problems.append(f"more native nodes than layers: {len(native)} native recurrent nodes "
-                        f"{[(n.op_type, direction_of(n)) for n in native]}, expected {fused_nodes}")
+                        f"{[(n.op_type, parity.direction_of(n)) for n in native]}, expected {fused_nodes}")
     if spec.expressible:
         if loops:
             problems.append(f"Loop/Scan nodes left: {[(n.op_type, n.name) for n in loops]}")

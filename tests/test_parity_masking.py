@@ -405,15 +405,10 @@ def converted_post_padded(flavor: str, case):
     return proto
 
 
-def direction_of(node) -> str:
-    value = parity.attribute(node, "direction")
-    if value is None:
-        return "forward"
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def describe(node) -> str:
-    return f"{node.op_type}({direction_of(node)}) {node.name}"
+    return f"{node.op_type}({parity.direction_of(node)}) {node.name}"
 
 
 def structure_problems(proto, case) -> list:
@@ -425,7 +420,7 @@ def structure_problems(proto, case) -> list:
     recurrent = parity.nodes_of_types(proto, parity.RECURRENT_OPS)
     unmatched = list(recurrent)
     for op, directions, attrs in case.expected_nodes():
-        match = next((n for n in unmatched if n.op_type == op and direction_of(n) in directions
+        match = next((n for n in unmatched if n.op_type == op and parity.direction_of(n) in directions
                       and all(parity.attribute(n, k) == v for k, v in attrs.items())), None)
         if match is None:
             problems.append(f"no native {op} node with direction in {directions} and {attrs}")

@@ -54,7 +54,7 @@ class Node:
     attrs: tuple = ()  # ((name, value), ...)
 
     def accepts(self, node) -> bool:
-        return (node.op_type == self.op and direction_of(node) in self.directions
+        return (node.op_type == self.op and parity.direction_of(node) in self.directions
                 and all(parity.attribute(node, k) == v for k, v in self.attrs))
 
     def __str__(self):
@@ -80,11 +80,6 @@ class Loop:
     reason: str = ""
 
 
-def direction_of(node) -> str:
-    value = parity.attribute(node, "direction")
-    if value is None:
-        return "forward"  # the ONNX default
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def gru_attrs(reset_after: bool) -> tuple:
@@ -538,7 +533,7 @@ def check_nodes(case, proto) -> None:
         assert parity.attribute(node, "hidden_size") == UNITS, f"{node.name}: hidden_size"
     if case.nodes is None:
         return
-    found = [f"{n.op_type}({direction_of(n)}) {n.name}" for n in recurrent]
+    found = [f"{n.op_type}({parity.direction_of(n)}) {n.name}" for n in recurrent]
     unmatched = list(recurrent)
     for expected in case.nodes:
         hit = next((n for n in unmatched if expected.accepts(n)), None)
@@ -586,8 +581,8 @@ def check_report(case, proto, model, report) -> None:
         node = nodes.get(outcome.node)
         assert node is not None and node.op_type == outcome.became, \
             f"{what}: names node {outcome.node!r}, which is not a {outcome.became} node of the graph"
-        assert direction_of(node) == outcome.node_direction, \
-            f"{what}: node_direction {outcome.node_direction!r}, the node's direction is {direction_of(node)!r}"
+        assert parity.direction_of(node) == outcome.node_direction, \
+            f"{what}: node_direction {outcome.node_direction!r}, the node's direction is {parity.direction_of(node)!r}"
         if expected.became is not None:
             assert outcome.node_direction in expected.node_directions, \
                 f"{what}: node_direction {outcome.node_direction!r}, expected {expected.node_directions}"
@@ -598,9 +593,9 @@ def check_report(case, proto, model, report) -> None:
             by_node.setdefault(outcome.node, []).append(outcome.direction)
     for node in parity.nodes_of_types(proto, parity.RECURRENT_OPS):
         directions = sorted(by_node.get(node.name, []))
-        wanted = ["backward", "forward"] if direction_of(node) == "bidirectional" else directions[:1]
+        wanted = ["backward", "forward"] if parity.direction_of(node) == "bidirectional" else directions[:1]
         assert directions and directions == wanted, \
-            f"node {node.name} ({direction_of(node)}) is named by report entries with directions {directions}"
+            f"node {node.name} ({parity.direction_of(node)}) is named by report entries with directions {directions}"
 
 
 def check_parity(case, flavor, proto, model) -> None:

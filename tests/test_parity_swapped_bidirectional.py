@@ -33,8 +33,7 @@ def test_swapped_directions_become_one_bidirectional_node(kind, merge_mode, mask
 
     native = parity.nodes_of_types(model_proto, parity.RECURRENT_OPS)
     assert len(native) == 1 and native[0].op_type == parity.ONNX_OP[kind]
-    direction = next(a.s for a in native[0].attribute if a.name == "direction")
-    assert direction == b"bidirectional"
+    assert parity.direction_of(native[0]) == "bidirectional"
     assert not parity.nodes_of_types(model_proto, parity.LOOP_OPS)
     session = parity.ort_session(model_proto)
     for steps in (6, 9):
