@@ -274,6 +274,33 @@ def attribute(node: onnx.NodeProto, name: str):
     return None
 
 
+def output_problems(label: str, output_names, expected, actual, tolerance: float) -> tuple:
+    """Compare Keras's outputs with onnxruntime's: (problems, max abs error over them).
+
+    A problem is a differing count, shape or dtype, a Keras output that is not finite, or an
+    error above ``tolerance`` (NaN counts as above), with the batch rows where it occurs."""
+    if len(actual) != len(expected):
+        return [f"{label}: Keras gives {len(expected)} outputs, ONNX {len(actual)}"], float("nan")
+    problems, worst = [], 0.0
+    for out, (want, got) in enumerate(zip(expected, actual)):
+        where = f"{label}, output {out} ({output_names[out]})"
+        if not np.all(np.isfinite(want)):
+            problems.append(f"{where}: Keras output is not finite")
+            continue
+        if got.shape != want.shape:
+            problems.append(f"{where}: ONNX shape {got.shape}, Keras {want.shape}")
+            continue
+        if got.dtype != want.dtype:
+            problems.append(f"{where}: ONNX dtype {got.dtype}, Keras {want.dtype}")
+        diff = np.abs(got.astype(np.float64) - want.astype(np.float64))
+        error = float(np.max(diff)) if diff.size else 0.0
+        worst = max(worst, error) if error == error else float("nan")
+        if not error <= tolerance:  # NaN fails too
+            rows = sorted({int(i) for i in np.argwhere(~(diff <= tolerance))[:, 0]})
+            problems.append(f"{where}: max abs error {error:.3g} in batch rows {rows}")
+    return problems, worst
+
+
 def direction_of(node: onnx.NodeProto) -> str:
     """A recurrent node's ``direction`` attribute (ONNX's default is forward)."""
     value = attribute(node, "direction")

@@ -386,25 +386,10 @@ def parity_problems(spec: ModelSpec, model, proto: onnx.ModelProto, rounds) -> t
         arrays = make_feeds(spec, rnd)
         expected = parity.keras_outputs(model, arrays)
         actual = parity.run_onnx(session, spec.input_names(), arrays)
-        if len(actual) != len(expected):
-            problems.append(f"{label}: Keras gives {len(expected)} outputs, ONNX {len(actual)}")
-            continue
-        for out, (want, got) in enumerate(zip(expected, actual)):
-            where = f"{label}, output {out} ({proto.graph.output[out].name})"
-            if not np.all(np.isfinite(want)):
-                problems.append(f"{where}: Keras output is not finite (the generator's weights are too large)")
-                continue
-            if got.shape != want.shape:
-                problems.append(f"{where}: ONNX shape {got.shape}, Keras {want.shape}")
-                continue
-            if got.dtype != want.dtype:
-                problems.append(f"{where}: ONNX dtype {got.dtype}, Keras {want.dtype}")
-            diff = np.abs(got.astype(np.float64) - want.astype(np.float64))
-            error = float(np.max(diff)) if diff.size else 0.0
-            worst = max(worst, error) if error == error else float("nan")
-            if not error <= TOLERANCE:  # NaN fails too
-                rows = sorted({int(i) for i in np.argwhere(~(diff <= TOLERANCE))[:, 0]})
-                problems.append(f"{where}: max abs error {error:.3g} in batch rows {rows}")
+        found, error = parity.output_problems(label, [o.name for o in proto.graph.output], expected, actual,
+                                              TOLERANCE)
+        problems += found
+        worst = max(worst, error) if error == error else float("nan")
     return problems, worst
 
 

@@ -524,21 +524,8 @@ def parity_problems(proto, model, case, seed: int, masks) -> list:
         except Exception as error:  # noqa: BLE001
             problems.append(f"{label}: onnxruntime failed: {type(error).__name__}: {str(error)[:300]}")
             continue
-        if len(actual) != len(expected):
-            problems.append(f"{label}: Keras gives {len(expected)} outputs, ONNX {len(actual)}")
-            continue
-        for out, (want, got) in enumerate(zip(expected, actual)):
-            where = f"{label}: output {out} ({proto.graph.output[out].name})"
-            if got.shape != want.shape:
-                problems.append(f"{where}: ONNX shape {got.shape}, Keras {want.shape}")
-                continue
-            if got.dtype != want.dtype:
-                problems.append(f"{where}: ONNX dtype {got.dtype}, Keras {want.dtype}")
-            diff = np.abs(got.astype(np.float64) - want.astype(np.float64))
-            error = float(np.max(diff)) if diff.size else 0.0
-            if not error <= parity.TOLERANCE:  # NaN fails too
-                rows = sorted({int(i) for i in np.argwhere(~(diff <= parity.TOLERANCE))[:, 0]})
-                problems.append(f"{where}: max abs error {error:.3g} in batch rows {rows}")
+        problems += parity.output_problems(label, [o.name for o in proto.graph.output], expected, actual,
+                                           parity.TOLERANCE)[0]
     return problems
 
 
