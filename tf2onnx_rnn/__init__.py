@@ -8,12 +8,13 @@ _HERE = _os.path.dirname(_os.path.abspath(__file__))
 if (not _os.path.isdir(_os.path.join(_HERE, "rewriters"))
         and _os.path.isfile(_os.path.join(_HERE, _os.pardir, "rewriters", "__init__.py"))):
     __path__.append(_os.path.dirname(_HERE))
-from .api import ConversionError, convert_keras, convert_saved_model, keras_input_signature, report_of
+from .api import convert_keras, convert_saved_model, keras_input_signature, report_of
+from .errors import ConversionError, VerificationError
 from .report import METADATA_KEY, ConversionReport, LoopOutcome
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "ConversionError", "ConversionReport", "LoopOutcome", "METADATA_KEY", "convert_keras",
+    "ConversionError", "ConversionReport", "VerificationError", "LoopOutcome", "METADATA_KEY", "convert_keras",
     "convert_saved_model", "keras_input_signature", "report_of", "__version__",
 ]

@@ -5,18 +5,14 @@ import functools
 import logging
 import os
 import tempfile
-from typing import Optional, Sequence
+from typing import Optional
 
-import numpy as np
 import onnx
 
+from .errors import ConversionError, first_line as _first_line
 from .report import ConversionReport
 
 logger = logging.getLogger("tf2onnx_rnn")
-
-
-class ConversionError(Exception):
-    """Bad input to a conversion: a missing or unreadable model, an unknown signature, a bad option."""
 
 
 def _tf():
@@ -296,28 +292,3 @@ def _signature_names(path: str, tag: Optional[str]) -> set:
         if tag is None or tag in meta.meta_info_def.tags:
             names.update(k for k in meta.signature_def.keys() if not k.startswith("__"))
     return names
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return text[0] if text else type(error).__name__
-
-
-def random_inputs(specs: Sequence, seed: int = 0, sizes: Optional[dict] = None) -> list:
-    """Seeded random arrays for (name, shape, numpy dtype) specs; dynamic dims take ``sizes``."""
-    rng = np.random.default_rng(seed)
-    sizes = sizes or {}
-    arrays = []
-    for _name, shape, dtype in specs:
-        concrete = [sizes.get(axis, 3 if axis == 0 else 5) if d is None or d < 0 else d
-                    for axis, d in enumerate(shape)]
-        dtype = np.dtype(dtype)
-        if dtype.kind == "f":
-            arrays.append(rng.standard_normal(concrete).astype(dtype))
-        elif dtype.kind in "iu":
-            arrays.append(rng.integers(0, 3, concrete).astype(dtype))
-        elif dtype.kind == "b":
-            arrays.append(rng.random(concrete) < 0.7)
-        else:
-            raise ConversionError(f"cannot make random inputs of type {dtype}")
-    return arrays

@@ -24,7 +24,8 @@ from typing import Callable, Optional, Sequence
 
 import onnx
 
-from .api import ConversionError, check_opset
+from .api import check_opset
+from .errors import ConversionError, VerificationError, first_line as _first_line
 
 EXIT_OK = 0
 EXIT_VERIFICATION_FAILED = 1
@@ -188,11 +189,6 @@ def check_keras_path(path: str) -> None:
 
 
 # -- loading and converting ------------------------------------------------------------------
-def _first_line(error: BaseException) -> str:
-    lines = str(error).strip().splitlines()
-    return lines[0] if lines else type(error).__name__
-
-
 def load_keras_model(path: str):
     """Load with Keras 3; an .h5 file Keras 3 cannot read gets a second try with tf_keras."""
     import keras
@@ -252,8 +248,6 @@ def print_report(model_proto: onnx.ModelProto) -> None:
 
 def verified(conversion: Conversion, tolerance: float) -> bool:
     """Print the verification table; False (with the reason on stderr) when it fails."""
-    from .verify import VerificationError
-
     try:
         result = conversion.check(conversion.model_proto, tolerance)
     except VerificationError as error:

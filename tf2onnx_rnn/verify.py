@@ -11,14 +11,11 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import onnx
 
-from .api import ConversionError, random_inputs
+from .errors import ConversionError, VerificationError
+from .inputs import random_inputs
 
 # (batch size, size of every other dynamic dimension) for each verification round
 ROUNDS = ((2, 5), (3, 9))
-
-
-class VerificationError(Exception):
-    """The ONNX model's outputs differ from the TensorFlow model's beyond the tolerance."""
 
 
 @dataclass
