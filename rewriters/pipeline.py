@@ -6,20 +6,22 @@ two phases through the same callable:
    reasons none matched) under the body's function name;
 2. on a graph holding ``While`` nodes it looks each body up, builds the layer description
    and emits one ONNX node in place of the loop.
-Nothing raised here escapes: a loop that fails anywhere stays tf2onnx's exact Loop, and the
-report says why.
+Nothing raised here escapes, at any stage: a loop that fails anywhere stays tf2onnx's exact
+Loop, the report says why ("internal error while ..." for a fault of ours), and a fault is
+logged as a WARNING naming the layer. tf2onnx would swallow an escaping exception and the
+report would never hear of the loops it concerns.
 """
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
-from typing import Iterable, Optional, Union
+from dataclasses import dataclass, replace
+from typing import Callable, Optional, Sequence, Union
 
 from ..report import ConversionReport, LoopOutcome
 from . import CELL_MATCHERS
 from .adapt import build_pass, layer_name, plan_nodes
 from .body import BodyView, read_skeleton, unmask
-from .emitter import EmitContext, compacts, emit
+from .emitter import EmitContext, emit
 from .layer import BodyMatch, CellKind, NoMatch, Pass
 
 logger = logging.getLogger("tf2onnx_rnn")
@@ -33,43 +35,78 @@ def _kind_hint(name: str) -> str:
     return next((kind.keras_name for kind in CellKind if kind.scope_hint in lowered), "unknown")
 
 
+def _describe(error: Exception) -> str:
+    return f"{type(error).__name__}: {error}"
+
+
+@dataclass(frozen=True)
+class LoopId:
+    """Which loop a report row is about: the loop node, its Keras layer and its cell kind."""
+
+    loop: str
+    layer: str
+    kind: str
+
+
+def make_rewriter(report: ConversionReport, layer_of: Optional[Callable[[str], Optional[str]]] = None,
+                  assume_post_padded: bool = False) -> Optional["RecurrentRewriter"]:
+    """The rewriter for one conversion, or None when it cannot even be built (an internal error,
+    noted in ``report.setup_error`` so that every recurrent loop's row can say so)."""
+    try:
+        return RecurrentRewriter(report, layer_of, assume_post_padded)
+    except Exception as error:  # noqa: BLE001 - the conversion goes on without fusing
+        report.setup_error = f"internal error while setting up the rewriter: {_describe(error)}"
+        logger.warning("recurrent layers stay Loops: %s", report.setup_error, exc_info=True)
+        return None
+
+
 class RecurrentRewriter:
     """One conversion's rewriter: its body matches and the report it fills."""
 
-    def __init__(self, report: Optional[ConversionReport] = None, layer_names: Iterable[str] = (),
+    def __init__(self, report: ConversionReport, layer_of: Optional[Callable[[str], Optional[str]]] = None,
                  assume_post_padded: bool = False):
-        self.report = report if report is not None else ConversionReport()
+        self.report = report
         self.assume_post_padded = assume_post_padded
-        self.layer_names = frozenset(layer_names)
+        self.layer_of = layer_of or (lambda loop: None)
         self.bodies: dict[str, Union[BodyMatch, NoMatch]] = {}
+        self.recorded: set = set()
 
     def __call__(self, graph, ops):
-        if any(op.type == "TensorListGetItem" for op in ops):
-            self._read_body(graph)
-        loops = [op for op in ops if op.type in _LOOP_TYPES]
-        if loops:
-            self._replace_loops(graph, loops)
+        try:
+            if any(op.type == "TensorListGetItem" for op in ops):
+                self._read_body(graph)
+            loops = [op for op in ops if op.type in _LOOP_TYPES]
+            if loops:
+                self._replace_loops(graph, loops)
+        except Exception as error:  # noqa: BLE001 - last line of defence; reconciliation fills the gaps
+            logger.warning("internal error in the recurrent rewriter on %s: %s", graph.graph_name,
+                           _describe(error), exc_info=True)
         return graph.get_nodes()
 
     # -- phase 1 -------------------------------------------------------------------------
     def _read_body(self, graph) -> None:
         name = graph.graph_name
         try:
+            entry = self._match_body(graph)
+        except Exception as error:  # noqa: BLE001 - a bug must not abort the conversion: keep the Loop
+            logger.debug("matching %s raised", name, exc_info=True)
+            entry = NoMatch(f"internal error while matching: {_describe(error)}")
+        self.bodies[name] = entry
+        if isinstance(entry, BodyMatch):
+            # the loop is ours: keep tf2onnx's own LSTM/GRU rewriters off it
+            graph.lstm_rewriter_context = None
+            graph.gru_rewriter_context = None
+
+    def _match_body(self, graph) -> Union[BodyMatch, NoMatch]:
+        try:
             view = BodyView(graph)
             skeleton = read_skeleton(view)
             masking = None
             if skeleton.mask_slot is not None:
                 skeleton, masking = unmask(view, skeleton)
-            self.bodies[name] = replace(self._match_cell(view, skeleton), masking=masking)
+            return replace(self._match_cell(view, skeleton), masking=masking)
         except NoMatch as no_match:
-            self.bodies[name] = no_match
-        except Exception as error:  # a bug must not abort the conversion: keep the Loop
-            logger.debug("matching %s raised", name, exc_info=True)
-            self.bodies[name] = NoMatch(f"internal error while matching: {type(error).__name__}: {error}")
-        if isinstance(self.bodies[name], BodyMatch):
-            # the loop is ours: keep tf2onnx's own LSTM/GRU rewriters off it
-            graph.lstm_rewriter_context = None
-            graph.gru_rewriter_context = None
+            return no_match
 
     @staticmethod
     def _match_cell(view: BodyView, skeleton) -> BodyMatch:
@@ -83,10 +120,9 @@ class RecurrentRewriter:
                 return matcher.match(view, skeleton)
             except NoMatch as no_match:
                 reasons.append((matcher.KIND, no_match))
-            except Exception as error:  # one matcher's bug must not stop the others
+            except Exception as error:  # noqa: BLE001 - one matcher's bug must not stop the others
                 logger.debug("the %s matcher raised", matcher.KIND.value, exc_info=True)
-                reasons.append((matcher.KIND, NoMatch(
-                    f"internal error while matching: {type(error).__name__}: {error}")))
+                reasons.append((matcher.KIND, NoMatch(f"internal error while matching: {_describe(error)}")))
         # report first the matcher whose state count fits and whose kind the scope names
         hint = _kind_hint(view.graph.graph_name + " " + skeleton.y_t)
         reasons.sort(key=lambda item: (item[0].state_count != carried, item[0].keras_name != hint))
@@ -95,74 +131,92 @@ class RecurrentRewriter:
 
     # -- phase 2 -------------------------------------------------------------------------
     def _replace_loops(self, graph, loops) -> None:
-        passes = [p for p in (self._read_pass(graph, loop) for loop in loops) if p is not None]
-        try:
-            layers = plan_nodes(graph, passes, self.assume_post_padded)
-        except Exception:  # pairing is an optimisation: without it every pass is its own node
-            logger.debug("pairing directions raised", exc_info=True)
-            layers = [plan_nodes(graph, [p], self.assume_post_padded)[0] for p in passes]
+        passes = []
+        for loop in loops:
+            one = self._guarded("reading the loop", [self._loop_id(loop)], lambda: self._read_pass(graph, loop))
+            if one is not None:
+                passes.append(one)
+        layers = self._guarded("pairing directions", [], lambda: plan_nodes(graph, passes, self.assume_post_padded))
+        if layers is None:  # pairing is an optimisation: without it every pass is its own node
+            layers = [layer for one in passes for layer in self._guarded(
+                "planning the node", [self._pass_id(one)],
+                lambda one=one: plan_nodes(graph, [one], self.assume_post_padded)) or []]
         context = EmitContext(assume_post_padded=self.assume_post_padded)
         for layer in layers:
-            self._emit(graph, layer, context)
+            self._guarded("emitting", [self._pass_id(one) for one in layer.passes],
+                          lambda layer=layer: self._emit(graph, layer, context))
 
-    def _read_pass(self, graph, loop) -> Optional[Pass]:
+    def _guarded(self, stage: str, ids: Sequence[LoopId], work: Callable):
+        """``work()``, or None after recording a fault of ours for the loops in ``ids``."""
+        try:
+            return work()
+        except Exception as error:  # noqa: BLE001 - never abort the conversion
+            reason = f"internal error while {stage}: {_describe(error)}"
+            logger.debug("%s", reason, exc_info=True)
+            if not ids:
+                logger.warning("recurrent rewriter: %s", reason)
+            for one in ids:
+                self._record_loop(one, reason)
+            return None
+
+    def _loop_id(self, loop) -> LoopId:
         body = loop.get_attr_str("body")
         entry = self.bodies.get(body)
-        name = layer_name(loop.name, self.layer_names)
+        kind = entry.kind.keras_name if isinstance(entry, BodyMatch) else _kind_hint(loop.name + " " + body)
+        return LoopId(loop.name, self.layer_of(loop.name) or layer_name(loop.name), kind)
+
+    @staticmethod
+    def _pass_id(one: Pass) -> LoopId:
+        return LoopId(one.loop, one.name, one.kind.keras_name)
+
+    def _read_pass(self, graph, loop) -> Optional[Pass]:
+        entry = self.bodies.get(loop.get_attr_str("body"))
         if entry is None:
             return None  # a body with no TensorList reads: not a recurrent layer, nothing to report
+        loop_id = self._loop_id(loop)
         if isinstance(entry, NoMatch):
-            kind = _kind_hint(loop.name + " " + body)
-            self._record_loop(loop.name, name, kind, entry.reason, entry.node)
+            self._record_loop(loop_id, entry.reason, entry.node)
             return None
         try:
-            return build_pass(graph, loop, entry, name)
+            return build_pass(graph, loop, entry, loop_id.layer)
         except NoMatch as no_match:
-            self._record_loop(loop.name, name, entry.kind.keras_name, no_match.reason, no_match.node)
-        except Exception as error:  # never abort the conversion
-            logger.debug("reading %s raised", loop.name, exc_info=True)
-            self._record_loop(loop.name, name, entry.kind.keras_name,
-                              f"internal error while reading the loop: {type(error).__name__}: {error}")
+            self._record_loop(loop_id, no_match.reason, no_match.node)
         return None
 
     def _emit(self, graph, layer, context: EmitContext) -> None:
         try:
-            node = emit(graph, layer, context)
+            emitted = emit(graph, layer, context)
         except NoMatch as no_match:
             for one in layer.passes:
-                self._record_loop(one.loop, one.name, one.kind.keras_name, no_match.reason, no_match.node)
-            return
-        except Exception as error:  # never abort the conversion
-            logger.debug("emitting %s raised", layer.name, exc_info=True)
-            for one in layer.passes:
-                self._record_loop(one.loop, one.name, one.kind.keras_name,
-                                  f"internal error while emitting: {type(error).__name__}: {error}")
+                self._record_loop(self._pass_id(one), no_match.reason, no_match.node)
             return
         for one in layer.passes:
             self._record(LoopOutcome(loop=one.loop, layer=one.name, kind=one.kind.keras_name,
-                                     direction=one.direction.value, became=one.kind.onnx_op, node=node,
+                                     direction=one.direction.value, became=one.kind.onnx_op, node=emitted.node,
                                      node_direction=layer.direction.value,
                                      activations=", ".join(str(a) for a in one.activations),
-                                     mask=self._mask_form(layer, one)))
+                                     mask=_mask_text(one, emitted.mask_form)))
 
-    def _mask_form(self, layer, one: Pass) -> str:
-        """How a masked pass was emitted, for the report."""
-        wiring = one.wiring
-        if wiring.mask is None:
-            return ""
-        if compacts(layer, self.assume_post_padded):
-            form = "compacted + sequence_lens"
-        else:
-            form = "sequence_lens (post-padded assumed)"
-        return f"{wiring.mask_source}; {form}; masked steps {wiring.masked_output.value}"
-
-    def _record_loop(self, loop: str, layer: str, kind: str, reason: str, where: str = "") -> None:
-        self._record(LoopOutcome(loop=loop, layer=layer, kind=kind, direction="", became="Loop",
-                                 reason=reason, where=where))
+    def _record_loop(self, loop_id: LoopId, reason: str, where: str = "") -> None:
+        self._record(LoopOutcome(loop=loop_id.loop, layer=loop_id.layer, kind=loop_id.kind, direction="",
+                                 became="Loop", reason=reason, where=where))
 
     def _record(self, outcome: LoopOutcome) -> None:
+        if outcome.loop in self.recorded:
+            return  # a later stage's fault does not overwrite what an earlier stage recorded
+        self.recorded.add(outcome.loop)
         self.report.add(outcome)
         if outcome.fused:
             logger.info("%s: %s %s -> ONNX %s", outcome.layer, outcome.kind, outcome.direction, outcome.became)
+        elif outcome.reason.startswith("internal error"):
+            logger.warning("%s: stays a Loop: %s", outcome.layer, outcome.reason)
         else:
             logger.info("%s: stays a Loop: %s", outcome.layer, outcome.reason)
+
+
+def _mask_text(one: Pass, form: str) -> str:
+    """How a masked pass was emitted, for the report."""
+    wiring = one.wiring
+    if wiring.mask is None:
+        return ""
+    return f"{wiring.mask_source}; {form}; masked steps {wiring.masked_output.value}"

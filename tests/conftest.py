@@ -34,22 +34,30 @@ def _small_tensorflow_thread_pools():
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _every_conversion_passes_the_onnx_checker():
+def _every_conversion_is_checked_and_runs():
     """Every model the suite converts in-process goes through the full ONNX checker and ONNX
-    shape inference (with errors raised) before the test sees it. Conversions the CLI tests run
-    in subprocesses are checked on the written file there."""
+    shape inference (with errors raised), and is loaded and run once in onnxruntime on random
+    inputs, before the test sees it. Conversions the CLI tests run in subprocesses are checked
+    on the written file there."""
     import onnx
 
     from tf2onnx_rnn import api
+    from tf2onnx_rnn.inputs import random_inputs
+    from tf2onnx_rnn.verify import onnx_input_specs
 
-    finish = api._finish
+    convert = api._convert
 
-    def checked_finish(model_proto, report):
-        model_proto = finish(model_proto, report)
-        onnx.checker.check_model(model_proto, full_check=True)
-        onnx.shape_inference.infer_shapes(model_proto, check_type=True, strict_mode=True)
-        return model_proto
+    def checked_convert(source, options):
+        conversion = convert(source, options)
+        model_proto = conversion.model_proto
+        if not options.continue_on_error:
+            onnx.checker.check_model(model_proto, full_check=True)
+            onnx.shape_inference.infer_shapes(model_proto, check_type=True, strict_mode=True)
+            session = api._session(model_proto)
+            specs = onnx_input_specs(model_proto)
+            session.run(None, {name: array for (name, _, _), array in zip(specs, random_inputs(specs, seed=1))})
+        return conversion
 
-    api._finish = checked_finish
+    api._convert = checked_convert
     yield
-    api._finish = finish
+    api._convert = convert

@@ -378,9 +378,9 @@ BAD_INPUTS = [
              "cannot load Keras model"),
     BadInput("corrupt-h5-file", ("--keras", "{broken}/corrupt.h5", "--output", "{output}"), "not an HDF5 file"),
     BadInput("truncated-h5-file", ("--keras", "{broken}/truncated.h5", "--output", "{output}"),
-             "cannot load Keras model.*Keras 3: .*tf_keras: "),
+             r"cannot load Keras model.*Keras [\d.]+: .*tf_keras: "),
     BadInput("h5-without-model", ("--keras", "{broken}/no_model.h5", "--output", "{output}"),
-             "cannot load Keras model.*Keras 3: .*tf_keras: "),
+             r"cannot load Keras model.*Keras [\d.]+: .*tf_keras: "),
     BadInput("unknown-signature-def", ("--saved-model", "{keras3_saved_model}", "--signature_def", "nope",
                                        "--output", "{output}"), "unknown signature_def 'nope'.*serve"),
     BadInput("unknown-tag", ("--saved-model", "{keras3_saved_model}", "--tag", "nope", "--output", "{output}"),
@@ -396,7 +396,7 @@ BAD_INPUTS = [
     BadInput("nan-tolerance", ("--keras", "{keras3_file}", "--verify", "--tolerance", "nan",
                                "--output", "{output}"), "argument --tolerance"),
     BadInput("signature-def-with-keras", ("--keras", "{keras3_file}", "--signature-def", "serve",
-                                          "--output", "{output}"), "apply to --saved-model only"),
+                                          "--output", "{output}"), "--signature_def applies to --saved-model only"),
     BadInput("both-sources", ("--saved-model", "{keras3_saved_model}", "--keras", "{keras3_file}",
                               "--output", "{output}"), "not allowed with"),
     BadInput("neither-source", ("--output", "{output}"), "one of the arguments .* is required"),
@@ -473,7 +473,7 @@ def test_internal_error_exits_3_with_traceback(keras3_file, tmp_path, capfd, mon
     def broken(*args, **kwargs):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(api, "convert_keras", broken)
+    monkeypatch.setattr(api, "_convert", broken)
     output = tmp_path / "model.onnx"
     output.write_bytes(b"previous model")
     code = cli.main(["--keras", keras3_file.path, "--output", str(output)])

@@ -4,7 +4,8 @@
     python -m tf2onnx_rnn.convert --keras model.keras --output model.onnx
 
 Flags keep tf2onnx's spellings; where tf2onnx mixes hyphens and underscores both are accepted.
-The conversion report (and with ``--verify`` the verification table) goes to stdout.
+The conversion report (and with ``--verify`` the verification table) goes to stdout. This module
+parses and prints; every check and the conversion itself are the API's (:func:`api.run`).
 
 Exit status: 0 converted (and verified when asked); 1 verification failed; 2 bad input;
 3 internal error (a bug: the traceback is printed). Nothing is written unless the exit status is 0.
@@ -15,25 +16,19 @@ import argparse
 import logging
 import math
 import os
+import re
 import sys
 import tempfile
 import traceback
-import zipfile
-from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
-import onnx
-
-from .api import check_opset
-from .errors import ConversionError, VerificationError, first_line as _first_line
+from . import api
+from .errors import ConversionError, first_line
 
 EXIT_OK = 0
 EXIT_VERIFICATION_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_INTERNAL_ERROR = 3
-
-KERAS_EXTENSIONS = (".keras", ".h5", ".hdf5")
-HDF5_EXTENSIONS = (".h5", ".hdf5")
 
 
 class UsageError(Exception):
@@ -43,14 +38,6 @@ class UsageError(Exception):
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # argparse's hook: raise instead of printing usage and exiting
         raise UsageError(f"{message} (see --help)")
-
-
-@dataclass
-class Conversion:
-    """A converted model and how to check it against its source."""
-
-    model_proto: onnx.ModelProto
-    check: Callable  # (model_proto, tolerance) -> VerificationResult
 
 
 def _tolerance(text: str) -> float:
@@ -63,6 +50,47 @@ def _tolerance(text: str) -> float:
     return value
 
 
+_INPUT = re.compile(r"\s*([^\[\],]+?)\s*(?:\[([^\]]*)\])?\s*(?:,|$)")
+
+
+def _inputs(text: str) -> dict:
+    """tf2onnx's ``--inputs`` syntax: ``x:0[1,50,16],mask`` -> {name: shape or None}; -1 or ? is dynamic."""
+    shapes, position = {}, 0
+    while position < len(text):
+        match = _INPUT.match(text, position)
+        if match is None or match.end() == position:
+            raise argparse.ArgumentTypeError(f"cannot read {text!r}: use name[d0,d1,...],name2[...]")
+        name, dims = match.group(1), match.group(2)
+        name = name[:-2] if name.endswith(":0") else name
+        try:
+            shapes[name] = None if dims is None else [
+                None if d.strip() in ("-1", "?", "None", "") else int(d) for d in dims.split(",")]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"a dimension of {name} is not a whole number: [{dims}]") from None
+        position = match.end()
+    return shapes
+
+
+def _names(text: str) -> list:
+    names = [n.strip() for n in text.split(",")]
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"empty name in {text!r}")
+    return names
+
+
+def _extra_opsets(text: str) -> list:
+    """tf2onnx's ``--extra_opset``: ``domain:version,...``."""
+    import onnx
+
+    opsets = []
+    for item in _names(text):
+        domain, _, version = item.rpartition(":")
+        if not domain or not version.isdigit():
+            raise argparse.ArgumentTypeError(f"{item!r} is not domain:version")
+        opsets.append(onnx.helper.make_opsetid(domain, int(version)))
+    return opsets
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="tf2onnx-rnn", allow_abbrev=False,
@@ -73,12 +101,34 @@ def build_parser() -> argparse.ArgumentParser:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--saved-model", "--saved_model", dest="saved_model", metavar="DIR",
                         help="a SavedModel directory (tf.saved_model, Keras 3 model.export, tf_keras save)")
-    source.add_argument("--keras", metavar="FILE", help="a Keras model file: .keras, or .h5 (Keras 3 or tf_keras)")
+    source.add_argument("--keras", metavar="FILE", help="a Keras model file: .keras, or .h5 (Keras 3 or Keras 2)")
     parser.add_argument("--output", required=True, metavar="FILE", help="the ONNX file to write")
-    parser.add_argument("--opset", type=int, metavar="N", help="ONNX opset (default: tf2onnx's)")
+    parser.add_argument("--opset", type=int, metavar="N", help="ONNX opset (default: tf2onnx's, capped at what "
+                                                              "the installed onnxruntime runs)")
     parser.add_argument("--signature_def", "--signature-def", dest="signature_def", metavar="NAME",
                         help="the SavedModel signature to convert (default: the first)")
     parser.add_argument("--tag", metavar="TAG", help="the SavedModel meta graph tag (default: serve)")
+    parser.add_argument("--concrete_function", "--concrete-function", dest="concrete_function", type=int,
+                        metavar="N", help="for a SavedModel without signatures: the index of the tf.function "
+                                          "to convert")
+    parser.add_argument("--inputs", type=_inputs, metavar="NAME[SHAPE],...",
+                        help="fix input shapes, e.g. x:0[1,50,16] (-1 or ? keeps a dimension dynamic)")
+    parser.add_argument("--rename-inputs", "--rename_inputs", dest="rename_inputs", type=_names, metavar="NAMES",
+                        help="names for the ONNX model's inputs, in the model's order")
+    parser.add_argument("--rename-outputs", "--rename_outputs", dest="rename_outputs", type=_names,
+                        metavar="NAMES", help="names for the ONNX model's outputs, in the model's order")
+    parser.add_argument("--inputs-as-nchw", "--inputs_as_nchw", dest="inputs_as_nchw", type=_names,
+                        metavar="NAMES", help="transpose these inputs from NHWC to NCHW")
+    parser.add_argument("--outputs-as-nchw", "--outputs_as_nchw", dest="outputs_as_nchw", type=_names,
+                        metavar="NAMES", help="transpose these outputs from NHWC to NCHW")
+    parser.add_argument("--extra_opset", "--extra-opset", dest="extra_opset", type=_extra_opsets,
+                        metavar="DOMAIN:VERSION", help="extra opsets to import, e.g. com.microsoft:1")
+    parser.add_argument("--target", type=_names, metavar="TARGETS", help="tf2onnx's workarounds for a runtime")
+    parser.add_argument("--large_model", "--large-model", dest="large_model", action="store_true",
+                        help="write the weights beside the model (FILE.data): for models over 2 GB")
+    parser.add_argument("--continue_on_error", "--continue-on-error", dest="continue_on_error",
+                        action="store_true", help="write the model even if TensorFlow ops were left unconverted "
+                                                  "(onnxruntime may not load it)")
     parser.add_argument("--verify", action="store_true",
                         help="run the ONNX model in onnxruntime against TensorFlow before writing it")
     parser.add_argument("--tolerance", type=_tolerance, default=1e-4, metavar="FLOAT",
@@ -102,8 +152,9 @@ def _quiet_logs(debug: bool) -> None:
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     else:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    for name in ("tensorflow", "tf2onnx", "absl"):
-        logging.getLogger(name).setLevel(logging.INFO if debug else logging.ERROR)
+        logging.basicConfig(level=logging.WARNING, format="warning: %(message)s")
+    for name in ("tensorflow", "tf2onnx", "absl"):  # what matters reaches the user as our own one line
+        logging.getLogger(name).setLevel(logging.INFO if debug else logging.CRITICAL)
     logging.getLogger("tf2onnx_rnn").setLevel(logging.DEBUG if debug else logging.WARNING)
 
 
@@ -137,151 +188,59 @@ def import_tensorflow(debug: bool) -> None:
                 sys.stderr.write(held.read().decode(errors="replace"))
 
 
-# -- checks that need no TensorFlow ------------------------------------------------------------
-def check_arguments(args: argparse.Namespace) -> None:
-    """Reject bad input early, before the slow imports and the conversion."""
-    check_output(args.output)
-    if args.saved_model is not None:
-        check_saved_model_path(args.saved_model)
-    else:
-        check_keras_path(args.keras)
-        if args.signature_def is not None or args.tag is not None:
-            raise ConversionError("--signature_def and --tag apply to --saved-model only")
-
-
-def check_output(path: str) -> None:
-    if os.path.isdir(path):
-        raise ConversionError(f"--output is a directory, not a file: {path}")
-    directory = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(directory):
-        raise ConversionError(f"output directory does not exist: {directory}")
-    try:  # a real probe: os.access says yes to root even where writing fails
-        with tempfile.TemporaryFile(prefix=".tf2onnx_rnn-probe-", dir=directory):
-            pass
-    except OSError as error:
-        raise ConversionError(f"output directory is not writable: {directory} ({error.strerror})") from None
-
-
-def check_saved_model_path(path: str) -> None:
-    if not os.path.exists(path):
-        raise ConversionError(f"no such SavedModel directory: {path}")
-    if not os.path.isdir(path):
-        raise ConversionError(f"--saved-model needs a directory, got a file: {path}"
-                              + (" (use --keras for Keras files)" if path.lower().endswith(KERAS_EXTENSIONS)
-                                 else ""))
-
-
-def check_keras_path(path: str) -> None:
-    if not os.path.exists(path):
-        raise ConversionError(f"no such Keras file: {path}")
-    if os.path.isdir(path):
-        raise ConversionError(f"--keras needs a .keras or .h5 file, got a directory: {path} "
-                              "(use --saved-model for a SavedModel)")
-    if not path.lower().endswith(KERAS_EXTENSIONS):
-        raise ConversionError(f"--keras needs a .keras or .h5 file, got: {path}")
-    if path.lower().endswith(HDF5_EXTENSIONS):
-        import h5py
-
-        if not h5py.is_hdf5(path):
-            raise ConversionError(f"not an HDF5 file: {path}")
-    elif not zipfile.is_zipfile(path):
-        raise ConversionError(f"not a .keras model archive (a .keras file is a zip archive): {path}")
-
-
-# -- loading and converting ------------------------------------------------------------------
-def load_keras_model(path: str):
-    """Load with Keras 3; an .h5 file Keras 3 cannot read gets a second try with tf_keras."""
-    import keras
-
-    try:
-        return keras.models.load_model(path, compile=False)
-    except Exception as error:  # Keras raises many kinds for unreadable files
-        keras3_error = error
-    if not path.lower().endswith(HDF5_EXTENSIONS):
-        raise ConversionError(f"cannot load Keras model {path}: {_first_line(keras3_error)}") from keras3_error
-    return _load_with_tf_keras(path, keras3_error)
-
-
-def _load_with_tf_keras(path: str, keras3_error: Exception):
-    try:
-        import tf_keras
-    except ImportError:
-        raise ConversionError(f"cannot load Keras model {path} with Keras 3 ({_first_line(keras3_error)}), "
-                              "and tf_keras is not installed to try") from keras3_error
-    try:
-        return tf_keras.models.load_model(path, compile=False)
-    except Exception as error:  # as above
-        raise ConversionError(f"cannot load Keras model {path}: Keras 3: {_first_line(keras3_error)}; "
-                              f"tf_keras: {_first_line(error)}") from error
-
-
-def convert_saved_model(args: argparse.Namespace) -> Conversion:
-    from . import api
-    from .verify import verify_saved_model
-
-    model_proto = api.convert_saved_model(args.saved_model, opset=args.opset, signature_def=args.signature_def,
-                                          tag=args.tag, assume_post_padded=args.assume_post_padded)
-
-    def check(proto, tolerance):
-        return verify_saved_model(args.saved_model, proto, signature_def=args.signature_def, tag=args.tag,
-                                  tolerance=tolerance)
-
-    return Conversion(model_proto, check)
-
-
-def convert_keras_file(args: argparse.Namespace) -> Conversion:
-    from . import api
-    from .verify import verify_keras
-
-    model = load_keras_model(args.keras)
-    model_proto = api.convert_keras(model, opset=args.opset, assume_post_padded=args.assume_post_padded)
-    return Conversion(model_proto, lambda proto, tolerance: verify_keras(model, proto, tolerance=tolerance))
-
-
 # -- the run ---------------------------------------------------------------------------------
-def print_report(model_proto: onnx.ModelProto) -> None:
-    from .api import report_of
-
-    report = report_of(model_proto)
-    print(report.table() if report is not None else "no conversion report in the model")
-
-
-def verified(conversion: Conversion, tolerance: float) -> bool:
-    """Print the verification table; False (with the reason on stderr) when it fails."""
-    try:
-        result = conversion.check(conversion.model_proto, tolerance)
-    except VerificationError as error:
-        _error(f"verification failed: {_first_line(error)}")
-        return False
-    print(result.table())
-    if not result.passed:
-        worst = max((check.max_abs_error for check in result.checks), default=float("nan"))
-        _error(f"verification failed: max abs error {worst:.3g} exceeds the tolerance {tolerance:g}")
-    return result.passed
+def _options(args: argparse.Namespace) -> api.Options:
+    passed = {name: getattr(args, name) for name in ("target", "extra_opset", "inputs_as_nchw", "outputs_as_nchw")
+              if getattr(args, name) is not None}
+    return api.Options.of(opset=args.opset, assume_post_padded=args.assume_post_padded,
+                          continue_on_error=args.continue_on_error, large_model=args.large_model,
+                          rename_inputs=args.rename_inputs, rename_outputs=args.rename_outputs,
+                          inputs=args.inputs, **passed)
 
 
-def save(model_proto: onnx.ModelProto, path: str) -> None:
-    from .api import save_model
-
-    try:
-        save_model(model_proto, path)
-    except OSError as error:
-        raise ConversionError(f"cannot write {path}: {error.strerror or error}") from error
+def _check_source(args: argparse.Namespace) -> None:
+    """The API's checks of the input path, run before TensorFlow's slow import."""
+    if args.saved_model is not None:
+        api.check_saved_model_dir(args.saved_model)
+        return
+    api.check_keras_file(args.keras)
+    for flag, value in (("--signature_def", args.signature_def), ("--tag", args.tag),
+                        ("--concrete_function", args.concrete_function)):
+        if value is not None:
+            raise ConversionError(f"{flag} applies to --saved-model only")
 
 
 def run(args: argparse.Namespace) -> int:
-    check_arguments(args)
+    api.check_output_path(args.output)
+    _check_source(args)
     import_tensorflow(args.debug)
-    check_opset(args.opset)
-    convert = convert_saved_model if args.saved_model is not None else convert_keras_file
-    conversion = convert(args)
-    print_report(conversion.model_proto)
-    if args.verify and not verified(conversion, args.tolerance):
+    options = _options(args)
+    source = dict(saved_model=args.saved_model, signature_def=args.signature_def, tag=args.tag,
+                  concrete_function=args.concrete_function) if args.saved_model is not None else \
+        dict(keras_model=api.load_keras_file(args.keras))
+    try:
+        conversion = api.run(**source, output_path=args.output, verify=args.verify, tolerance=args.tolerance,
+                             options=options)
+    except api.VerificationFailed as failure:
+        print(failure.conversion.report.table())
+        print(failure.result.table())
+        _error(f"verification failed: {verified_summary(failure.result)}")
         print(f"{args.output} was not written")
         return EXIT_VERIFICATION_FAILED
-    save(conversion.model_proto, args.output)
-    print(f"wrote {args.output}")
+    print(conversion.report.table())
+    if conversion.verification is not None:
+        print(conversion.verification.table())
+    print(f"wrote {args.output}" + (f" and {args.output}.data" if args.large_model else ""))
     return EXIT_OK
+
+
+def verified_summary(result) -> str:
+    """One line saying which output failed verification first, and how."""
+    failed = [check for check in result.checks if not check.passed]
+    if not failed:
+        return "no output was compared"
+    check = failed[0]
+    return f"{check.name}: max abs error {check.max_abs_error:.3g} exceeds the tolerance {result.tolerance:g}"
 
 
 def _error(message: str) -> None:
@@ -301,11 +260,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except ConversionError as error:
         if args.debug:
             traceback.print_exc()
-        _error(_first_line(error))
+        _error(first_line(error))
         return EXIT_BAD_INPUT
     except Exception as error:  # a bug, ours or a library's: show it in full
         traceback.print_exc()
-        _error(f"internal error: {type(error).__name__}: {_first_line(error)}")
+        _error(f"internal error: {type(error).__name__}: {first_line(error)}")
         return EXIT_INTERNAL_ERROR
 
 

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Iterable, Optional
+from typing import Optional
 
 METADATA_KEY = "tf2onnx_rnn.report"
+REMOVED = "removed"  # ``became`` of a loop whose outputs nothing used: tf2onnx dropped it
 
 
 @dataclass(frozen=True)
@@ -30,18 +31,16 @@ class LoopOutcome:
 
     @property
     def fused(self) -> bool:
-        return self.became != "Loop"
+        return self.became not in ("Loop", REMOVED)
 
 
 @dataclass
 class ConversionReport:
     outcomes: list = field(default_factory=list)
+    setup_error: str = ""  # why the rewriter could not run at all (an internal error), if it could not
 
     def add(self, outcome: LoopOutcome) -> None:
         self.outcomes.append(outcome)
-
-    def extend(self, outcomes: Iterable[LoopOutcome]) -> None:
-        self.outcomes.extend(outcomes)
 
     @property
     def fused(self) -> list:
@@ -49,13 +48,14 @@ class ConversionReport:
 
     @property
     def loops(self) -> list:
-        return [o for o in self.outcomes if not o.fused]
+        return [o for o in self.outcomes if o.became == "Loop"]
 
     def summary(self) -> str:
         if not self.outcomes:
             return "no recurrent layer loops found: nothing to fuse"
+        removed = len(self.outcomes) - len(self.fused) - len(self.loops)
         return (f"{len(self.outcomes)} recurrent loop(s): {len(self.fused)} fused into native nodes, "
-                f"{len(self.loops)} left as Loop")
+                f"{len(self.loops)} left as Loop" + (f", {removed} removed as unused" if removed else ""))
 
     def table(self) -> str:
         """A plain-text table, one row per loop, then the summary line."""
