@@ -190,6 +190,14 @@ def compacts(layer: RecurrentLayer, assume_post_padded: bool) -> bool:
     return layer.mask is not None and (not assume_post_padded or reversed_input)
 
 
+@dataclass(frozen=True)
+class Emitted:
+    """What :func:`emit` built, for the report."""
+
+    node: str  # the ONNX node's name
+    mask_form: str = ""  # how a masked layer's mask reached the node; empty when unmasked
+
+
 class _Emission:
     """Builds one node and collects (old tensor, new tensor) replacements."""
 
@@ -208,6 +216,12 @@ class _Emission:
 
     def current(self, tensor: str) -> str:
         return self.context.current(tensor)
+
+    @property
+    def mask_form(self) -> str:
+        if self.mask is None:
+            return ""
+        return "compacted + sequence_lens" if self.compacted else "sequence_lens (post-padded assumed)"
 
     def stacked_const(self, suffix: str, field_name: str) -> str:
         value = np.stack([getattr(one, field_name) for one in self.layer.passes]).astype(self.layer.first.dtype)
@@ -303,14 +317,14 @@ class _Emission:
         self.replacements.extend((old, new) for old in olds)
 
 
-def emit(graph, layer: RecurrentLayer, context: EmitContext) -> str:
+def emit(graph, layer: RecurrentLayer, context: EmitContext) -> "Emitted":
     """Add the node for ``layer`` to ``graph`` and rewire the tensors it replaces.
 
     ``context`` is shared by the emissions into one graph: it maps tensors that earlier
     emissions replaced (an encoder's states feeding a decoder, say) and holds the mask
     computations layers share. Every node is built before anything is rewired, so a failure
     leaves the graph as it was (apart from unused nodes, which tf2onnx removes).
-    Returns the new node's name.
+    Returns what was built.
     """
     emission = _Emission(graph, layer, context)
     node = emission.node()
@@ -318,4 +332,4 @@ def emit(graph, layer: RecurrentLayer, context: EmitContext) -> str:
     for old, new in emission.replacements:
         graph.replace_all_inputs(old, new)
         context.renamed[old] = new
-    return node.name
+    return Emitted(node=node.name, mask_form=emission.mask_form)
