@@ -12,6 +12,7 @@ cached too and re-raised in every test of the case.
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import itertools
 import re
 import zlib
@@ -19,10 +20,15 @@ from dataclasses import dataclass
 from typing import Iterable, Optional, Sequence
 
 import numpy as np
+import pytest
 import onnx
 
-FLAVORS = ("keras3", "tf_keras")
-_FLAVOR_MODULES = {"keras3": "keras", "tf_keras": "tf_keras"}
+# ``import keras`` is Keras 3 from TensorFlow 2.16 on, and Keras 2 in TensorFlow 2.15 (the oldest
+# supported stack): the flavor's name says which, so tests of Keras 3 behaviour can tell.
+KERAS3 = int(importlib.metadata.version("keras").split(".")[0]) >= 3
+FLAVORS = ("keras3" if KERAS3 else "keras2", "tf_keras")
+_FLAVOR_MODULES = {"keras3": "keras", "keras2": "keras", "tf_keras": "tf_keras"}
+only_keras3 = pytest.mark.skipif(not KERAS3, reason="Keras 3 behaviour; `keras` here is Keras 2")
 
 # ONNX op each Keras layer must become, and the kind the report must name
 ONNX_OP = {"LSTM": "LSTM", "GRU": "GRU", "SimpleRNN": "RNN"}
@@ -38,7 +44,7 @@ TOLERANCE = 1e-5
 
 
 def keras_module(flavor: str):
-    """``keras`` (Keras 3) for "keras3", ``tf_keras`` (Keras 2) for "tf_keras"."""
+    """``keras`` for "keras3" (and "keras2" on TensorFlow 2.15), ``tf_keras`` for "tf_keras"."""
     return importlib.import_module(_FLAVOR_MODULES[flavor])
 
 

@@ -611,6 +611,7 @@ def test_masked_stack(flavor: str, case: StackCase):
     MaskCase("GRU_reset_after", "bidirectional", "embedding", return_sequences=True, initial_state=True,
              merge_mode="concat", keras3_implicit=True),
 ], ids=lambda case: case.id)
+@parity.only_keras3
 def test_keras3_implicit_mask_with_initial_state_is_ignored_like_keras(case: MaskCase):
     """Keras 3 ignores the implicit mask when initial_state is passed: the conversion must
     follow Keras (the layer is fused without a mask) and match it on padded rows."""
