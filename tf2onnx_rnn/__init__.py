@@ -13,13 +13,22 @@ if _find_spec("tensorflow") is None:
         raise SystemExit(2)
     raise ImportError(_TENSORFLOW_MISSING)
 
-# Installed, rewriters/ is mapped into this package (setup.cfg's package_dir). Imported straight
-# from a source checkout (say, `python -m tf2onnx_rnn.convert` run in the checkout, which puts the
-# checkout first on sys.path), it sits beside this package instead: look there too.
+# Installed (wheel or editable), rewriters/ is tf2onnx_rnn.rewriters (setup.cfg's package_dir).
+# Imported straight from a source checkout (say, `python -m tf2onnx_rnn.convert` run in the
+# checkout, which puts the checkout first on sys.path), it sits beside this package instead: load
+# that one directory as the subpackage, so nothing else of the checkout becomes importable here.
 _HERE = _os.path.dirname(_os.path.abspath(__file__))
-if (not _os.path.isdir(_os.path.join(_HERE, "rewriters"))
-        and _os.path.isfile(_os.path.join(_HERE, _os.pardir, "rewriters", "__init__.py"))):
-    __path__.append(_os.path.dirname(_HERE))
+_BESIDE = _os.path.join(_os.path.dirname(_HERE), "rewriters")
+if (not _os.path.isdir(_os.path.join(_HERE, "rewriters")) and "tf2onnx_rnn.rewriters" not in _sys.modules
+        and _find_spec("tf2onnx_rnn.rewriters") is None
+        and _os.path.isfile(_os.path.join(_BESIDE, "__init__.py"))):
+    import importlib.util as _util
+
+    _spec = _util.spec_from_file_location("tf2onnx_rnn.rewriters", _os.path.join(_BESIDE, "__init__.py"),
+                                          submodule_search_locations=[_BESIDE])
+    _rewriters = _util.module_from_spec(_spec)
+    _sys.modules[_spec.name] = _rewriters
+    _spec.loader.exec_module(_rewriters)
 from .api import convert_keras, convert_saved_model, keras_input_signature, report_of
 from .errors import ConversionError, VerificationError
 from .report import METADATA_KEY, ConversionReport, LoopOutcome
