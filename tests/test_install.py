@@ -28,22 +28,33 @@ def _installed() -> dict:
     return {_normal(d.metadata["Name"]): d.version for d in importlib.metadata.distributions()}
 
 
-def _planned(target: str, tmp_path) -> dict:
-    """What ``pip install target`` would install or replace here: name -> version."""
+def _planned(targets: list, tmp_path) -> dict:
+    """What ``pip install *targets`` would install or replace here: name -> version."""
     report = tmp_path / "report.json"
     result = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--report", str(report),
-                             target], capture_output=True, text=True, timeout=600)
+                             *targets], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     return {_normal(item["metadata"]["name"]): item["metadata"]["version"]
             for item in json.loads(report.read_text())["install"]}
 
 
-@pytest.mark.parametrize("extra", ["", "[tensorflow]"], ids=["plain", "tensorflow-extra"])
-def test_install_leaves_the_users_stack_alone(extra, tmp_path):
+def _tensorflow_pin(installed: dict) -> str:
+    """The user's TensorFlow as a requirement, whichever distribution it is."""
+    name = next(n for n in USERS_STACK if n.startswith("tensorflow") and n in installed)
+    return f"{name}=={installed[name]}"
+
+
+@pytest.mark.parametrize("how", ["plain", "tensorflow-extra", "tensorflow-named"])
+def test_install_leaves_the_users_stack_alone(how, tmp_path):
+    """``pip install tf2onnx-rnn`` into a tf2onnx user's environment; with the [tensorflow] extra;
+    and the README's advice for an environment with TensorFlow alone (pip's resolver ignores the
+    limits of installed packages it is not asked about): name your TensorFlow in the command."""
     installed = _installed()
     present = [name for name in USERS_STACK if name in installed]
     assert "tensorflow" in present or "tensorflow-cpu" in present, "the suite runs with TensorFlow installed"
-    planned = _planned(ROOT + extra, tmp_path)
+    targets = {"plain": [ROOT], "tensorflow-extra": [ROOT + "[tensorflow]"],
+               "tensorflow-named": [ROOT, _tensorflow_pin(installed)]}[how]
+    planned = _planned(targets, tmp_path)
     assert "tf2onnx-rnn" in planned, planned
     changed = {name: (installed[name], planned[name]) for name in present if name in planned}
     assert not changed, f"pip would replace the user's packages (installed, planned): {changed}"
