@@ -518,11 +518,18 @@ def data_path(proto, tensor: str):
     return ops, sources
 
 
-def layer_name(model, ref: str) -> str:
-    if ":" in ref:
-        wrapper, side = ref.split(":")
-        return getattr(model.get_layer(wrapper), side + "_layer").name
-    return ref
+def report_rows(outcomes: list, ref: str, direction: Optional[str]) -> list:
+    """The report rows of a layer reference: ``name``, or ``wrapper:forward``/``wrapper:backward``
+    for a Bidirectional's halves, which the report names after the wrapper (told apart by their
+    direction when the expectation gives one, else by their order)."""
+    if ":" not in ref:
+        return [o for o in outcomes if parity.layer_matches(o.layer, ref)]
+    wrapper, side = ref.split(":")
+    halves = [o for o in outcomes if parity.layer_matches(o.layer, wrapper)]
+    assert len(halves) == 2, f"report entries for Bidirectional {wrapper!r}: {[o.layer for o in halves]}"
+    if direction is not None and all(o.direction for o in halves):
+        return [o for o in halves if o.direction == direction]
+    return [halves[0 if side == "forward" else 1]]
 
 
 # -- the checks ---------------------------------------------------------------------------------
@@ -559,8 +566,8 @@ def check_report(case, proto, model, report) -> None:
     assert len(outcomes) == len(case.loops), f"{len(outcomes)} report entries, expected {len(case.loops)}"
     nodes = {n.name: n for n in parity.all_nodes(proto.graph)}
     for expected in case.loops:
-        name = layer_name(model, expected.layer)
-        matching = [o for o in outcomes if parity.layer_matches(o.layer, name)]
+        name = expected.layer
+        matching = report_rows(outcomes, name, expected.direction)
         assert len(matching) == 1, f"report entries for layer {name!r}: {[o.layer for o in matching]}"
         (outcome,) = matching
         what = f"report entry for {name!r}"

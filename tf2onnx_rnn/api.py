@@ -226,45 +226,51 @@ def _captured_input_names(concrete) -> set:
     return {t.name for t in graph.function_captures.by_val_internal.values()}
 
 
-def _recurrent_layers(model) -> list:
-    """The model's recurrent layers and Bidirectional wrappers, nested models included."""
-    found, pending, seen = [], list(getattr(model, "layers", [])), set()
+def _recurrent_layers(model) -> dict:
+    """The model's recurrent layers, nested models included, each with the name the report gives
+    it: its own, or that of the Bidirectional wrapping it."""
+    found, owner, pending, seen = [], {}, list(getattr(model, "layers", [])), set()
     while pending:
         layer = pending.pop()
         if id(layer) in seen:
             continue
         seen.add(id(layer))
-        if hasattr(layer, "cell") or hasattr(layer, "forward_layer"):
+        if hasattr(layer, "cell"):
             found.append(layer)
+        halves = [sub for sub in (getattr(layer, "forward_layer", None), getattr(layer, "backward_layer", None))
+                  if sub is not None]
+        for half in halves:
+            owner.setdefault(id(half), owner.get(id(layer), layer.name))
         pending.extend(getattr(layer, "layers", []) or [])
-        pending.extend(sub for sub in (getattr(layer, "forward_layer", None), getattr(layer, "backward_layer", None),
-                                       getattr(layer, "layer", None)) if sub is not None)
-    return found
+        pending.extend(halves)
+    return {layer: owner.get(id(layer), layer.name) for layer in found}
 
 
 class _recording_layer_scopes:
     """While tracing, note the name scope each recurrent layer's ``call`` runs in (scope -> name).
 
     The ops a layer creates carry that scope, whatever suffix tracing gave it, so a loop is
-    named after its Keras layer exactly.
+    named after its Keras layer exactly (a Bidirectional's halves after the Bidirectional).
+    Only the recurrent layers' own ``call`` is wrapped: a wrapper's (Bidirectional's) is left
+    alone, since tf_keras reads its arguments from it.
     """
 
     def __init__(self, model, scopes: dict):
         self.layers, self.scopes = _recurrent_layers(model), scopes
 
     def __enter__(self):
-        for layer in self.layers:
-            object.__setattr__(layer, "call", self._recording(layer, layer.call))
+        for layer, name in self.layers.items():
+            object.__setattr__(layer, "call", self._recording(name, layer.call))
         return self
 
-    def _recording(self, layer, call):
+    def _recording(self, name: str, call):
         scopes = self.scopes
 
         @functools.wraps(call)
         def recording(*args, **kwargs):
             scope = _tf().compat.v1.get_default_graph().get_name_scope()
             if scope:
-                scopes.setdefault(scope, layer.name)
+                scopes.setdefault(scope, name)
             return call(*args, **kwargs)
 
         return recording
@@ -276,10 +282,9 @@ class _recording_layer_scopes:
 
 
 def _layer_of_scope(scopes: dict, loop_name: str) -> Optional[str]:
-    """The outermost recorded recurrent layer whose scope holds ``loop_name`` (a Bidirectional
-    wrapper before the layers it wraps)."""
+    """The report name of the recurrent layer whose call scope (the innermost) holds ``loop_name``."""
     holding = [scope for scope in scopes if loop_name.startswith(scope + "/")]
-    return scopes[min(holding, key=len)] if holding else None
+    return scopes[max(holding, key=len)] if holding else None
 
 
 # -- SavedModels -------------------------------------------------------------------------------
