@@ -172,14 +172,21 @@ def _keras_source(model, input_signature, options: Options) -> Frozen:
     tf = _tf()
     signature = (signature_with_shapes(model, options.inputs) if options.inputs and input_signature is None
                  else checked_signature(model, input_signature))
-    names = _OutputNames(model)
+    keras_names = _unique([str(n) for n in (getattr(model, "output_names", None) or [])])
+    order: list = []
     scopes: dict = {}
+
+    @tf.autograph.experimental.do_not_convert
+    def keyed(flat: list) -> dict:
+        keys = keras_names if len(keras_names) == len(flat) else [f"output_{i}" for i in range(len(flat))]
+        order[:] = keys
+        return dict(zip(keys, flat))
 
     @tf.function(input_signature=signature)
     def serve(*args):
         with _recording_layer_scopes(model, scopes):
             result = model(list(args) if len(args) > 1 else args[0], training=False)
-        return names.keyed(tf.nest.flatten(result))
+        return keyed(tf.nest.flatten(result))
 
     try:
         concrete = serve.get_concrete_function()
@@ -190,24 +197,11 @@ def _keras_source(model, input_signature, options: Options) -> Frozen:
     outputs = [t.name for t in concrete.outputs if t.dtype != tf.dtypes.resource]
     renames = tensor_names_from_structed(concrete, inputs, outputs)
     by_key = {key: tensor for tensor, key in renames.items() if tensor in outputs}
-    outputs = [by_key[key] for key in names.order if key in by_key] or outputs
+    outputs = [by_key[key] for key in order if key in by_key] or outputs
     with tf.device("/cpu:0"):
         graph_def, tables = tf_loader.from_trackable(model, concrete, inputs, outputs, options.large_model)
     return Frozen(graph_def, getattr(model, "name", "keras"), inputs, outputs, renames, tables,
                   functools.partial(_layer_of_scope, scopes))
-
-
-class _OutputNames:
-    """Keras's output names (deduplicated), in the model's order, as the keys of the traced outputs."""
-
-    def __init__(self, model):
-        self.keras = _unique([str(n) for n in (getattr(model, "output_names", None) or [])])
-        self.order: list = []
-
-    def keyed(self, flat: list) -> dict:
-        keys = self.keras if len(self.keras) == len(flat) else [f"output_{i}" for i in range(len(flat))]
-        self.order[:] = keys
-        return dict(zip(keys, flat))
 
 
 def _unique(names: list) -> list:
