@@ -19,6 +19,10 @@ Bucketize  ``Discretization``                    count of boundaries ``b`` with 
                                                  NaN included (TF puts it in the last bucket)
 ========== ===================================== ===========================================
 
+Erfc is computed in float32 for every input type (onnxruntime's Erf has no float64 kernel), so
+float64 inputs get float32 accuracy; Expm1 runs in float64 for float64 (relative error about
+4e-16). Erfc(NaN) is whatever onnxruntime's Erf gives: NaN in 1.31, 1.0 in some older releases.
+
 Registration goes through tf2onnx's own registry (``tf2onnx.handler.tf_op``), so tf2onnx
 picks these handlers by opset like its own. :func:`ensure_registered` is idempotent and never
 replaces a handler tf2onnx already has for an op (a later tf2onnx that adds one wins).
