@@ -11,10 +11,12 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
+import numpy as np
 import onnx
 
 from .errors import ConversionError, VerificationError, first_line
@@ -52,13 +54,122 @@ class Options:
     @classmethod
     def of(cls, opset=None, assume_post_padded=False, continue_on_error=False, large_model=False,
            rename_inputs=(), rename_outputs=(), inputs=None, **tf2onnx_options) -> "Options":
+        """Options checked for what can be checked without the model: names, targets, opsets, shapes.
+
+        A single string is one name (or one target) wherever a list of them is taken.
+        """
         unknown = sorted(set(tf2onnx_options) - TF2ONNX_OPTIONS)
         if unknown:
-            raise ConversionError(f"unknown option {unknown[0]!r}; known: "
-                                  f"{', '.join(sorted(TF2ONNX_OPTIONS | {'opset', 'large_model'}))}")
+            known = TF2ONNX_OPTIONS | {"opset", "assume_post_padded", "continue_on_error", "large_model",
+                                       "rename_inputs", "rename_outputs", "inputs"}
+            raise ConversionError(f"unknown option {unknown[0]!r}; known: {', '.join(sorted(known))}")
         check_opset(opset)
-        return cls(opset, assume_post_padded, continue_on_error, large_model, tuple(rename_inputs or ()),
-                   tuple(rename_outputs or ()), inputs, dict(tf2onnx_options))
+        passed = {key: value for key, value in tf2onnx_options.items() if value is not None}
+        for key in ("inputs_as_nchw", "outputs_as_nchw"):
+            if key in passed:
+                passed[key] = list(_name_list(passed[key], key))
+        if "target" in passed:
+            passed["target"] = check_targets(_name_list(passed["target"], "target"))
+        if "extra_opset" in passed:
+            passed["extra_opset"] = extra_opsets(passed["extra_opset"])
+        return cls(opset, assume_post_padded, continue_on_error, large_model,
+                   _name_list(rename_inputs, "rename_inputs", unique=True),
+                   _name_list(rename_outputs, "rename_outputs", unique=True), _input_shapes(inputs), passed)
+
+
+def _flag(option: str) -> str:
+    """An option's name as the command line spells it, for messages both roads share."""
+    return "--" + option.replace("_", "-") if option.startswith(("rename", "inputs_", "outputs_")) else "--" + option
+
+
+def _name_list(names, option: str, unique: bool = False) -> tuple:
+    """Names given as one string (one name) or a sequence of them; empty or repeated names are refused."""
+    if names is None:
+        return ()
+    names = (names,) if isinstance(names, str) else tuple(names)
+    for name in names:
+        if not isinstance(name, str) or not name.strip():
+            raise ConversionError(f"{_flag(option)}: every name must be a non-empty string, got {name!r}")
+    if unique:
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:
+            raise ConversionError(f"{_flag(option)} gives the name {repeated[0]!r} more than once")
+    return names
+
+
+def known_targets() -> tuple:
+    """The ``target`` values: tf2onnx's workarounds for particular runtimes."""
+    from tf2onnx import constants
+
+    return tuple(constants.POSSIBLE_TARGETS)
+
+
+def check_targets(targets: Sequence[str]) -> list:
+    """``targets`` as a list; raise :class:`ConversionError` for a value not in :func:`known_targets`."""
+    known = known_targets()
+    for target in targets:
+        if target not in known:
+            raise ConversionError(f"unknown --target {target!r}; known: {', '.join(known)}")
+    return list(targets)
+
+
+# domains tf2onnx imports itself: the default one at --opset, and ai.onnx.ml
+_OWN_DOMAINS = ("", "ai.onnx", "ai.onnx.ml")
+
+
+def extra_opsets(opsets) -> list:
+    """``extra_opset`` as OperatorSetIdProtos: each given as one, or as a ``domain:version`` string.
+
+    The domains tf2onnx imports itself (the default one, ai.onnx.ml) and a domain given twice are
+    refused: the model would import them twice.
+    """
+    if isinstance(opsets, (str, onnx.OperatorSetIdProto)):
+        opsets = [opsets]
+    result, seen = [], set()
+    for item in opsets:
+        if isinstance(item, str):
+            domain, _, version = item.strip().rpartition(":")
+            if not domain or not version.strip().isdigit():
+                raise ConversionError(f"--extra_opset {item!r} is not domain:version (e.g. com.microsoft:1)")
+            item = onnx.helper.make_opsetid(domain.strip(), int(version))
+        elif not isinstance(item, onnx.OperatorSetIdProto):
+            raise ConversionError(f"--extra_opset takes domain:version strings or onnx.helper.make_opsetid(...), "
+                                  f"got {item!r}")
+        if item.domain in _OWN_DOMAINS:
+            raise ConversionError(f"--extra_opset cannot import {item.domain or 'the default domain'!r}: "
+                                  "tf2onnx imports it itself (set the default domain's version with --opset)")
+        if item.version < 1:
+            raise ConversionError(f"--extra_opset {item.domain}:{item.version}: the version must be 1 or more")
+        if item.domain in seen:
+            raise ConversionError(f"--extra_opset gives the domain {item.domain!r} more than once")
+        seen.add(item.domain)
+        result.append(item)
+    return result
+
+
+def _input_shapes(inputs) -> Optional[dict]:
+    """``inputs`` (name -> shape, or None to keep the model's) with every dimension checked:
+    a positive size, or -1/None for a dynamic one."""
+    if inputs is None:
+        return None
+    if not isinstance(inputs, dict):
+        raise ConversionError(f"--inputs takes a dict of input name -> shape, got {inputs!r}")
+    checked = {}
+    for name, shape in inputs.items():
+        if shape is None:
+            checked[name] = None
+            continue
+        dims = []
+        for d in shape:
+            if d is None or (isinstance(d, (int, np.integer)) and int(d) == -1):
+                dims.append(None)
+            elif isinstance(d, (int, np.integer)) and not isinstance(d, bool) and int(d) > 0:
+                dims.append(int(d))
+            else:
+                raise ConversionError(f"--inputs {name}{list(shape)}: a dimension must be a positive size "
+                                      f"or -1 (dynamic), got {d!r}")
+        checked[name] = dims
+    return checked
 
 
 @dataclass
@@ -82,6 +193,7 @@ class Conversion:
     model_proto: onnx.ModelProto
     report: ConversionReport
     verification: Optional[object] = None  # a verify.VerificationResult
+    written: list = field(default_factory=list)  # the files written: the model, and its external data if any
 
 
 # -- Keras models ------------------------------------------------------------------------------
@@ -117,9 +229,10 @@ def _dtype_of(tensor):
     return _tf().as_dtype(getattr(tensor.dtype, "name", tensor.dtype))
 
 
-def checked_signature(model, input_signature) -> list:
+def checked_signature(model, input_signature, given_by: str = "input_signature") -> list:
     """``input_signature`` checked against the model's inputs (count, rank, fixed dimensions),
-    with the model's input names where a spec has none. None gives :func:`keras_input_signature`."""
+    with the model's input names where a spec has none. None gives :func:`keras_input_signature`.
+    ``given_by`` names what gave the shapes, in messages."""
     if input_signature is None:
         return keras_input_signature(model)
     tf = _tf()
@@ -134,30 +247,39 @@ def checked_signature(model, input_signature) -> list:
         name = _input_name(tensor, index)
         want = [None if d is None else int(d) for d in tensor.shape]
         if spec.shape.rank is None:
-            raise ConversionError(f"input {name}: input_signature gives no rank; the model takes shape {want}")
-        got = spec.shape.as_list()
-        if len(got) != len(want):
-            raise ConversionError(f"input {name}: input_signature has rank {len(got)} {got}, "
-                                  f"the model takes rank {len(want)} {want}")
-        for axis, (g, w) in enumerate(zip(got, want)):
-            if g is not None and w is not None and g != w:
-                raise ConversionError(f"input {name}: dimension {axis} is {g} in input_signature, "
-                                      f"the model's is {w} (shape {want})")
+            raise ConversionError(f"input {name}: {given_by} gives no rank; the model takes shape {want}")
+        check_input_shape(name, spec.shape.as_list(), want, given_by)
         checked.append(tf.TensorSpec(spec.shape, spec.dtype, name=spec.name or name))
     return checked
 
 
+def check_input_shape(name: str, got: list, want: Optional[list], given_by: str) -> None:
+    """Raise :class:`ConversionError` unless shape ``got`` fits the model's ``want`` (None = dynamic
+    dimension; ``want`` None = unknown rank): same rank, and equal wherever both are fixed."""
+    if want is None:
+        return
+    if len(got) != len(want):
+        raise ConversionError(f"input {name}: {given_by} has rank {len(got)} {got}, "
+                              f"the model takes rank {len(want)} {want}")
+    for axis, (g, w) in enumerate(zip(got, want)):
+        if g is not None and w is not None and g != w:
+            raise ConversionError(f"input {name}: dimension {axis} is {g} in {given_by}, "
+                                  f"the model's is {w} (shape {want})")
+
+
 def signature_with_shapes(model, shapes: dict) -> list:
-    """The model's signature with the shapes given by input name (``-1``/None = dynamic)."""
+    """The model's signature with the shapes given by input name (``-1``/None = dynamic; a name
+    with shape None keeps the model's shape)."""
     specs = keras_input_signature(model)
     known = {spec.name for spec in specs}
     unknown = sorted(set(shapes) - known)
     if unknown:
-        raise ConversionError(f"unknown input {unknown[0]!r}; the model's inputs are: {', '.join(sorted(known))}")
+        raise ConversionError(f"unknown name {unknown[0]!r} in --inputs; the model's inputs are: "
+                              f"{', '.join(spec.name for spec in specs)}")
     tf = _tf()
     return checked_signature(model, [
         tf.TensorSpec([None if d is None or d < 0 else d for d in shapes[s.name]], s.dtype, name=s.name)
-        if s.name in shapes else s for s in specs])
+        if shapes.get(s.name) is not None else s for s in specs], given_by="--inputs")
 
 
 def _keras_source(model, input_signature, options: Options) -> Frozen:
@@ -170,7 +292,9 @@ def _keras_source(model, input_signature, options: Options) -> Frozen:
     from tf2onnx.convert import tensor_names_from_structed
 
     tf = _tf()
-    signature = (signature_with_shapes(model, options.inputs) if options.inputs and input_signature is None
+    if options.inputs and input_signature is not None:
+        raise ConversionError("input_signature and --inputs exclude each other: give the shapes in one of them")
+    signature = (signature_with_shapes(model, options.inputs) if options.inputs
                  else checked_signature(model, input_signature))
     keras_names = _unique([str(n) for n in (getattr(model, "output_names", None) or [])])
     order: list = []
@@ -199,7 +323,12 @@ def _keras_source(model, input_signature, options: Options) -> Frozen:
     by_key = {key: tensor for tensor, key in renames.items() if tensor in outputs}
     outputs = [by_key[key] for key in order if key in by_key] or outputs
     with tf.device("/cpu:0"):
-        graph_def, tables = tf_loader.from_trackable(model, concrete, inputs, outputs, options.large_model)
+        try:
+            graph_def, tables = tf_loader.from_trackable(model, concrete, inputs, outputs, options.large_model)
+        except ValueError as error:  # tf2onnx's words for a graph over protobuf's 2 GB
+            if "protobuf size of 2GB" not in str(error):
+                raise
+            raise ConversionError("the model is over 2 GB, protobuf's limit: convert it with --large_model") from error
     return Frozen(graph_def, getattr(model, "name", "keras"), inputs, outputs, renames, tables,
                   functools.partial(_layer_of_scope, scopes))
 
@@ -293,6 +422,24 @@ def check_saved_model_dir(path: str) -> None:
         raise ConversionError(f"not a SavedModel directory (no saved_model.pb): {path}")
 
 
+def check_source_options(*, keras: bool, signature_def: Optional[str] = None, tag: Optional[str] = None,
+                         concrete_function: Optional[int] = None, input_signature=None) -> None:
+    """Raise :class:`ConversionError` for options the source does not take, or that exclude each other
+    (before anything is loaded)."""
+    if keras:
+        for flag, value in (("--signature_def", signature_def), ("--tag", tag),
+                            ("--concrete_function", concrete_function)):
+            if value is not None:
+                raise ConversionError(f"{flag} applies to --saved-model only")
+        return
+    if input_signature is not None:
+        raise ConversionError("input_signature applies to Keras models only (use --inputs for a SavedModel)")
+    if signature_def is not None and concrete_function is not None:
+        raise ConversionError("--signature_def and --concrete_function exclude each other")
+    if concrete_function is not None and (isinstance(concrete_function, bool) or concrete_function < 0):
+        raise ConversionError(f"--concrete_function is an index from 0, got {concrete_function}")
+
+
 def _saved_model_source(path: str, signature_def: Optional[str], tag: Optional[str],
                         concrete_function: Optional[int], options: Options) -> Frozen:
     from tf2onnx import tf_loader
@@ -301,8 +448,6 @@ def _saved_model_source(path: str, signature_def: Optional[str], tag: Optional[s
     tags = _tags(path)
     if tag is not None and tag not in tags:
         raise ConversionError(f"unknown tag {tag!r}; the SavedModel has: {', '.join(sorted(tags)) or 'none'}")
-    if signature_def is not None and concrete_function is not None:
-        raise ConversionError("--signature_def and --concrete_function exclude each other")
     signatures = _signature_names(path, tag)
     if signature_def is not None and signature_def not in signatures:
         raise ConversionError(f"unknown signature_def {signature_def!r}; the SavedModel has: "
@@ -315,23 +460,47 @@ def _saved_model_source(path: str, signature_def: Optional[str], tag: Optional[s
         raise ConversionError(f"cannot load SavedModel {path}: {first_line(error)}") from error
     override = None
     if options.inputs:
-        override = _shape_override(options.inputs, inputs, renames)
+        override = _shape_override(options.inputs, inputs, renames, _placeholder_shapes(graph_def))
     return Frozen(graph_def, path, inputs, outputs, renames, tables, shape_override=override)
 
 
-def _shape_override(shapes: dict, inputs: list, renames: dict) -> dict:
-    """Graph tensor -> shape for inputs named by their signature name or their graph tensor name."""
-    by_name = {}
-    for tensor in inputs:
-        for alias in (tensor, tensor.split(":")[0], renames.get(tensor, tensor)):
-            by_name[alias] = tensor
+def _shape_override(shapes: dict, inputs: list, renames: dict, model_shapes: dict) -> dict:
+    """Graph tensor -> shape for inputs named by their signature name or their graph tensor name,
+    each checked against the shape the model gives the input (``model_shapes``, by graph tensor)."""
+    tensors = _resolve_names(shapes, inputs, "--inputs", "inputs", renames)
     override = {}
-    for name, shape in shapes.items():
-        if name not in by_name:
-            known = sorted({renames.get(t, t) for t in inputs})
-            raise ConversionError(f"unknown input {name!r}; the model's inputs are: {', '.join(known)}")
-        override[by_name[name]] = [-1 if d is None else int(d) for d in shape]
+    for (name, shape), tensor in zip(shapes.items(), tensors):
+        if shape is None:  # named only: keeps the model's shape
+            continue
+        check_input_shape(name, shape, model_shapes.get(tensor), "--inputs")
+        override[tensor] = [None if d is None else int(d) for d in shape]  # as tf2onnx's --inputs: None = dynamic
     return override
+
+
+def _resolve_names(names, tensors: list, option: str, kind: str, *renamings: dict) -> list:
+    """The graph tensor each name stands for: a tensor's graph name (with or without ``:0``) or a
+    name a renaming gives it (the last renaming gives its name in the ONNX model). An unknown name
+    is a :class:`ConversionError` naming the model's ``kind`` (inputs or outputs)."""
+    by_alias = {}
+    for tensor in tensors:
+        aliases = [tensor, tensor.split(":")[0]] + [renaming[tensor] for renaming in renamings if tensor in renaming]
+        for alias in aliases:
+            by_alias.setdefault(alias, tensor)
+    unknown = [name for name in names if name not in by_alias]
+    if unknown:
+        known = [renamings[-1].get(t, t) if renamings else t for t in tensors]
+        raise ConversionError(f"unknown name {unknown[0]!r} in {option}; the model's {kind} are: {', '.join(known)}")
+    return [by_alias[name] for name in names]
+
+
+def _placeholder_shapes(graph_def) -> dict:
+    """Graph tensor ("name:0") -> shape (None = dynamic dimension) of each placeholder of known rank."""
+    shapes = {}
+    for node in graph_def.node:
+        if node.op != "Placeholder" or "shape" not in node.attr or node.attr["shape"].shape.unknown_rank:
+            continue
+        shapes[node.name + ":0"] = [None if d.size < 0 else int(d.size) for d in node.attr["shape"].shape.dim]
+    return shapes
 
 
 def _tags(path: str) -> set:
@@ -444,6 +613,10 @@ def run(*, keras_model=None, saved_model: Optional[str] = None, input_signature=
     """The one conversion road: source -> frozen graph -> tf2onnx with the rewriter -> reconciled
     report -> loadable check -> verification -> atomic save. Raises :class:`ConversionError` for
     bad input and :class:`VerificationError` when verification fails (nothing is written then)."""
+    if (keras_model is None) == (saved_model is None):
+        raise ConversionError("give one source: keras_model or saved_model")
+    check_source_options(keras=keras_model is not None, signature_def=signature_def, tag=tag,
+                         concrete_function=concrete_function, input_signature=input_signature)
     if output_path:
         check_output_path(output_path)
     if keras_model is not None:
@@ -451,13 +624,20 @@ def run(*, keras_model=None, saved_model: Optional[str] = None, input_signature=
     else:
         source = _saved_model_source(saved_model, signature_def, tag, concrete_function, options)
     conversion = _convert(source, options)
+    in_memory = fits_in_protobuf(conversion.model_proto)
     if verify:
+        if not in_memory:  # verification runs the model from memory, which protobuf caps at 2 GB
+            raise ConversionError("--verify cannot run a model over 2 GB (protobuf's limit for a model held in "
+                                  "memory); convert without --verify: the written model is still checked to "
+                                  "load in onnxruntime")
         conversion.verification = _verify(conversion.model_proto, tolerance, keras_model, saved_model,
                                           signature_def, tag)
         if not conversion.verification.passed:
             raise VerificationFailed(conversion.verification, conversion)
     if output_path:
-        save_model(conversion.model_proto, output_path)
+        # a model too big to load from memory is loaded from its written files before they replace the output
+        conversion.written = save_model(conversion.model_proto, output_path,
+                                        check_loads=not in_memory and not options.continue_on_error)
     return conversion
 
 
@@ -496,16 +676,30 @@ def _convert(source: Frozen, options: Options) -> Conversion:
     renames = dict(source.tensors_to_rename or {})
     renames.update(_renames(source.input_names, options.rename_inputs, "inputs", renames))
     renames.update(_renames(source.output_names, options.rename_outputs, "outputs", renames))
+    nchw = {}  # option -> the names it transposes, as in the ONNX model
+    for option, tensors, kind in (("inputs_as_nchw", source.input_names, "inputs"),
+                                  ("outputs_as_nchw", source.output_names, "outputs")):
+        if option in tf2onnx_options:
+            chosen = _resolve_names(tf2onnx_options[option], tensors, _flag(option), kind,
+                                    source.tensors_to_rename or {}, renames)
+            tf2onnx_options[option] = chosen
+            nchw[option] = [renames.get(t, t) for t in chosen]
+    if "inputs_as_nchw" in nchw:  # tf2onnx fails on an input of unknown rank: check before converting
+        known = {**_placeholder_shapes(source.graph_def), **shape_override}
+        _check_nchw({renames.get(t, t): None if known.get(t) is None else len(known[t]) for t in source.input_names},
+                    {"inputs_as_nchw": nchw["inputs_as_nchw"]})
     tf = _tf()
     with tf.device("/cpu:0"):
-        model_proto, storage = tf2onnx_convert._convert_common(  # tf2onnx's own conversion road
-            source.graph_def, name=source.name, continue_on_error=True, opset=default_opset(options.opset),
-            custom_rewriter=([rewriter] if rewriter else []) + custom,
-            input_names=source.input_names, output_names=source.output_names, tensors_to_rename=renames,
-            initialized_tables=source.initialized_tables, large_model=options.large_model,
-            shape_override=shape_override or None, **tf2onnx_options)
-    if storage is not None:
-        _inline_external_data(model_proto, storage)
+        common = dict(name=source.name, continue_on_error=True, opset=default_opset(options.opset),
+                      custom_rewriter=([rewriter] if rewriter else []) + custom,
+                      input_names=source.input_names, output_names=source.output_names, tensors_to_rename=renames,
+                      initialized_tables=source.initialized_tables, shape_override=shape_override or None,
+                      **tf2onnx_options)
+        if options.large_model:
+            model_proto = _convert_large(source.graph_def, **common)
+        else:
+            model_proto, _ = tf2onnx_convert._convert_common(source.graph_def, **common)  # tf2onnx's own road
+    _check_nchw(_io_ranks(model_proto), nchw)
     reconcile(report, loops, model_proto, source.layer_names)
     _stamp_ir_version(model_proto)
     report.attach(model_proto)
@@ -514,6 +708,51 @@ def _convert(source: Frozen, options: Options) -> Conversion:
     if options.large_model:
         model_proto.metadata_props.add(key=LARGE_MODEL_KEY, value="1")
     return Conversion(model_proto, report)
+
+
+def _convert_large(graph_def, name: str, custom_ops=None, custom_op_handlers=None, optimizers=None,
+                   **kwargs) -> onnx.ModelProto:
+    """tf2onnx's conversion of a large frozen graph: the steps of its ``_convert_common`` with
+    ``large_model``, every tensor kept in the returned model proto.
+
+    As in tf2onnx, the graph's big constants are taken out before TensorFlow imports it (a graph
+    def over 2 GB cannot be imported) and handed to tf2onnx beside it. tf2onnx's external tensor
+    storage is not used: tf2onnx 1.17 fails in it under numpy 2, and :func:`save_model` writes
+    the external data file itself.
+    """
+    from tf2onnx import optimizer
+    from tf2onnx.convert import make_default_custom_op_handler
+    from tf2onnx.tf_utils import compress_graph_def
+    from tf2onnx.tfonnx import process_tf_graph
+
+    if custom_ops:
+        custom_op_handlers = dict(custom_op_handlers or {})
+        custom_op_handlers.update({op: (make_default_custom_op_handler(domain), [])
+                                   for op, domain in custom_ops.items()})
+    tf = _tf()
+    with tf.Graph().as_default() as tf_graph:
+        const_node_values = compress_graph_def(graph_def)
+        tf.import_graph_def(graph_def, name="")
+        graph = process_tf_graph(tf_graph, const_node_values=const_node_values,
+                                 custom_op_handlers=custom_op_handlers, **kwargs)
+        # as tf2onnx for large models: an optimizer failure is raised, not undone on a copy of the graph
+        onnx_graph = optimizer.optimize_graph(graph, catch_errors=False, optimizers=optimizers)
+        return onnx_graph.make_model(f"converted from {name}")
+
+
+def _io_ranks(model_proto: onnx.ModelProto) -> dict:
+    """Rank (None if unknown) of each graph input and output, by name."""
+    return {value.name: (len(value.type.tensor_type.shape.dim) if value.type.tensor_type.HasField("shape") else None)
+            for value in list(model_proto.graph.input) + list(model_proto.graph.output)}
+
+
+def _check_nchw(ranks: dict, nchw: dict) -> None:
+    """tf2onnx transposes only rank-4 inputs and outputs and skips others with a log line: refuse them."""
+    for option, names in nchw.items():
+        for name in names:
+            if ranks.get(name) != 4:
+                rank = "unknown rank" if ranks.get(name) is None else f"rank {ranks[name]}"
+                raise ConversionError(f"{_flag(option)}: {name} has {rank}; NHWC <-> NCHW takes rank 4")
 
 
 def _renames(names: list, new_names: Sequence[str], what: str, renames: dict) -> dict:
@@ -630,7 +869,7 @@ def check_loadable(model_proto: onnx.ModelProto, continue_on_error: bool = False
     problem = None
     if left:
         problem = f"tf2onnx could not convert these TensorFlow ops: {', '.join(left)}"
-    elif model_proto.ByteSize() < _PROTOBUF_LIMIT:
+    elif fits_in_protobuf(model_proto):  # a larger model is loaded from its written files (save_model)
         try:
             _session(model_proto)
         except Exception as error:  # noqa: BLE001 - onnxruntime raises its own kinds
@@ -644,19 +883,6 @@ def check_loadable(model_proto: onnx.ModelProto, continue_on_error: bool = False
 
 _PROTOBUF_LIMIT = 2**31 - 1
 LARGE_MODEL_KEY = "tf2onnx_rnn.large_model"
-
-
-def _inline_external_data(model_proto: onnx.ModelProto, storage) -> None:
-    """Put tf2onnx's external tensor storage back into the tensors (saved as external data later)."""
-    from onnx.external_data_helper import _get_all_tensors
-
-    for tensor in _get_all_tensors(model_proto):
-        if tensor.data_location != onnx.TensorProto.EXTERNAL:
-            continue
-        info = {entry.key: entry.value for entry in tensor.external_data}
-        tensor.raw_data = storage.name_to_tensor_data[info["location"]]
-        tensor.data_location = onnx.TensorProto.DEFAULT
-        del tensor.external_data[:]
 
 
 def check_output_path(path: str) -> None:
@@ -673,43 +899,116 @@ def check_output_path(path: str) -> None:
         raise ConversionError(f"output directory is not writable: {directory} ({error.strerror})") from None
 
 
-def save_model(model_proto: onnx.ModelProto, output_path: str) -> None:
-    """Write atomically: temporary files beside the target, then renames. A large model (converted
-    with ``large_model=True``) keeps its weights in ``<output>.data`` beside it."""
+EXTERNAL_DATA_THRESHOLD = 1024  # bytes: a large model's tensors of this size and more go to <output>.data
+
+
+def fits_in_protobuf(model_proto: onnx.ModelProto) -> bool:
+    """Whether the whole model serializes as one protobuf message (under 2 GB)."""
+    try:
+        return model_proto.ByteSize() < _PROTOBUF_LIMIT
+    except Exception:  # noqa: BLE001 - some protobuf builds refuse to size a message that large
+        return False
+
+
+def save_model(model_proto: onnx.ModelProto, output_path: str, check_loads: bool = False) -> list:
+    """Write atomically: the files are written in a temporary directory beside the target, then
+    renamed over it. A large model (converted with ``large_model=True``) keeps every tensor of
+    1 KB or more in ``<output>.data`` beside the model, which names it relatively; ``model_proto``
+    is left as it is. With ``check_loads`` onnxruntime must load the written files before they
+    replace anything. Returns the paths written."""
     check_output_path(output_path)
     directory = os.path.dirname(os.path.abspath(output_path))
     large = any(p.key == LARGE_MODEL_KEY for p in model_proto.metadata_props)
-    handle, temporary = tempfile.mkstemp(prefix=".tf2onnx_rnn-", suffix=".onnx", dir=directory)
-    os.close(handle)
-    data_name = os.path.basename(output_path) + ".data"
-    temporary_data = os.path.join(directory, os.path.basename(temporary) + ".data")
+    if not large and not fits_in_protobuf(model_proto):
+        raise ConversionError("the model is over 2 GB, protobuf's limit for one file: convert it with --large_model")
+    staging = tempfile.mkdtemp(prefix=".tf2onnx_rnn-", dir=directory)
+    name = os.path.basename(output_path)
+    staged, staged_data = os.path.join(staging, name), os.path.join(staging, name + ".data")
     try:
         if large:
-            onnx.save_model(model_proto, temporary, save_as_external_data=True, all_tensors_to_one_file=True,
-                            location=os.path.basename(temporary_data), size_threshold=1024)
-            _relocate_external_data(temporary, data_name)
-            os.replace(temporary_data, os.path.join(directory, data_name))
+            _write_with_external_data(model_proto, staged, staged_data, name + ".data")
         else:
-            with open(temporary, "wb") as stream:
+            with open(staged, "wb") as stream:
                 stream.write(model_proto.SerializeToString())
-        os.replace(temporary, output_path)
+        if check_loads:
+            _check_file_loads(staged)
+        written = []
+        if os.path.exists(staged_data):
+            os.replace(staged_data, output_path + ".data")
+            written.append(output_path + ".data")
+        os.replace(staged, output_path)
+        return [output_path] + written
     except OSError as error:
         raise ConversionError(f"cannot write {output_path}: {error.strerror or error}") from error
     finally:
-        for path in (temporary, temporary_data):
-            if os.path.exists(path):
-                os.unlink(path)
+        shutil.rmtree(staging, ignore_errors=True)
 
 
-def _relocate_external_data(model_path: str, data_name: str) -> None:
-    """Point the saved model's external tensors at ``data_name`` (their final file name)."""
-    model = onnx.load(model_path, load_external_data=False)
-    for tensor in onnx.external_data_helper._get_all_tensors(model):
-        for entry in tensor.external_data:
-            if entry.key == "location":
-                entry.value = data_name
-    with open(model_path, "wb") as stream:
-        stream.write(model.SerializeToString())
+def _check_file_loads(path: str) -> None:
+    import onnxruntime as ort
+
+    try:
+        ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    except Exception as error:  # noqa: BLE001 - onnxruntime raises its own kinds
+        raise ConversionError(f"onnxruntime cannot load the converted model: {first_line(error)}") from error
+
+
+def _write_with_external_data(model_proto: onnx.ModelProto, model_file: str, data_file: str, location: str) -> None:
+    """Write ``model_proto`` to ``model_file`` with each tensor of :data:`EXTERNAL_DATA_THRESHOLD`
+    bytes or more (subgraphs and Constant attributes included) stored in ``data_file``, named
+    ``location`` in the model. No data file when no tensor is that large.
+
+    The model written is a copy in which those tensors hold no data, built field by field, so
+    the weights are never held twice in memory and the caller's model is not changed.
+    """
+    data = None
+
+    def external(tensor, into) -> bool:
+        nonlocal data
+        if (tensor.data_location == onnx.TensorProto.EXTERNAL or not tensor.HasField("raw_data")
+                or len(tensor.raw_data) < EXTERNAL_DATA_THRESHOLD):
+            return False
+        if data is None:
+            data = open(data_file, "wb")  # noqa: SIM115 - closed below
+        raw = tensor.raw_data
+        offset = data.tell()
+        data.write(raw)
+        _copy_fields(tensor, into, external=None, skip=("raw_data",))
+        into.data_location = onnx.TensorProto.EXTERNAL
+        for key, value in (("location", location), ("offset", str(offset)), ("length", str(len(raw)))):
+            into.external_data.add(key=key, value=value)
+        return True
+
+    skeleton = onnx.ModelProto()
+    try:
+        _copy_fields(model_proto, skeleton, external)
+    finally:
+        if data is not None:
+            data.close()
+    with open(model_file, "wb") as stream:
+        stream.write(skeleton.SerializeToString())
+
+
+def _copy_fields(source, target, external, skip: Sequence[str] = ()) -> None:
+    """Copy the protobuf message ``source`` into ``target`` field by field; each TensorProto is
+    first offered to ``external(tensor, into)``, which fills ``into`` itself when it returns True."""
+    for descriptor, value in source.ListFields():
+        if descriptor.name in skip:
+            continue
+        repeated = (descriptor.is_repeated if hasattr(descriptor, "is_repeated")
+                    else descriptor.label == descriptor.LABEL_REPEATED)
+        if descriptor.message_type is None:
+            if repeated:
+                getattr(target, descriptor.name).extend(value)
+            else:
+                setattr(target, descriptor.name, value)
+            continue
+        for item in (value if repeated else [value]):
+            into = getattr(target, descriptor.name).add() if repeated else getattr(target, descriptor.name)
+            into.SetInParent()
+            if external is not None and isinstance(item, onnx.TensorProto) and external(item, into):
+                continue
+            _copy_fields(item, into, external)
 
 
 def report_of(model_proto: onnx.ModelProto) -> Optional[ConversionReport]:

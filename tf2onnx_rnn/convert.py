@@ -78,19 +78,6 @@ def _names(text: str) -> list:
     return names
 
 
-def _extra_opsets(text: str) -> list:
-    """tf2onnx's ``--extra_opset``: ``domain:version,...``."""
-    import onnx
-
-    opsets = []
-    for item in _names(text):
-        domain, _, version = item.rpartition(":")
-        if not domain or not version.isdigit():
-            raise argparse.ArgumentTypeError(f"{item!r} is not domain:version")
-        opsets.append(onnx.helper.make_opsetid(domain, int(version)))
-    return opsets
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="tf2onnx-rnn", allow_abbrev=False,
@@ -121,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
                         metavar="NAMES", help="transpose these inputs from NHWC to NCHW")
     parser.add_argument("--outputs-as-nchw", "--outputs_as_nchw", dest="outputs_as_nchw", type=_names,
                         metavar="NAMES", help="transpose these outputs from NHWC to NCHW")
-    parser.add_argument("--extra_opset", "--extra-opset", dest="extra_opset", type=_extra_opsets,
+    parser.add_argument("--extra_opset", "--extra-opset", dest="extra_opset", type=_names,
                         metavar="DOMAIN:VERSION", help="extra opsets to import, e.g. com.microsoft:1")
     parser.add_argument("--target", type=_names, metavar="TARGETS", help="tf2onnx's workarounds for a runtime")
     parser.add_argument("--large_model", "--large-model", dest="large_model", action="store_true",
@@ -199,15 +186,13 @@ def _options(args: argparse.Namespace) -> api.Options:
 
 
 def _check_source(args: argparse.Namespace) -> None:
-    """The API's checks of the input path, run before TensorFlow's slow import."""
+    """The API's checks of the source and the options it takes, run before TensorFlow's slow import."""
+    api.check_source_options(keras=args.keras is not None, signature_def=args.signature_def, tag=args.tag,
+                             concrete_function=args.concrete_function)
     if args.saved_model is not None:
         api.check_saved_model_dir(args.saved_model)
-        return
-    api.check_keras_file(args.keras)
-    for flag, value in (("--signature_def", args.signature_def), ("--tag", args.tag),
-                        ("--concrete_function", args.concrete_function)):
-        if value is not None:
-            raise ConversionError(f"{flag} applies to --saved-model only")
+    else:
+        api.check_keras_file(args.keras)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -230,7 +215,7 @@ def run(args: argparse.Namespace) -> int:
     print(conversion.report.table())
     if conversion.verification is not None:
         print(conversion.verification.table())
-    print(f"wrote {args.output}" + (f" and {args.output}.data" if args.large_model else ""))
+    print("wrote " + " and ".join(conversion.written))
     return EXIT_OK
 
 
