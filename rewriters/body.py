@@ -215,12 +215,73 @@ class BodyView:
             raise NoMatch(f"activation {ops}: {no_match.reason}", no_match.node) from no_match
 
     # -- affine forms -----------------------------------------------------------------
+    def unbroadcast(self, tensor: str) -> str:
+        """Follow reshapes that only add or drop axes of size one and keep the last axis (the
+        columns): with a batch of one, tf2onnx's static shapes let ``[1, N]`` and ``[N]`` stand
+        for each other, and a sum broadcasts them back alike."""
+        tensor = self.resolve(tensor)
+        node = self.graph.get_node_by_output(tensor)
+        while node is not None and node.type in _UNIT_RESHAPES:
+            source = self.resolve(node.input[0])
+            if not _same_but_unit_axes(self.graph.get_shape(source), self.graph.get_shape(tensor)):
+                break
+            tensor, node = source, self.graph.get_node_by_output(source)
+        return tensor
+
     def sum_terms(self, tensor: str) -> list[str]:
-        """Flatten a tree of additions into its leaves."""
-        node = self.producer(tensor)
+        """Flatten a tree of additions into its leaves (seen through batch-1 reshapes)."""
+        tensor = self.unbroadcast(tensor)
+        node = self.graph.get_node_by_output(tensor)
         if node is not None and node.type in _SUM_OPS:
-            return [leaf for operand in self.operands(node) for leaf in self.sum_terms(operand)]
-        return [self.resolve(tensor)]
+            return [leaf for operand in node.input for leaf in self.sum_terms(operand)]
+        return [tensor]
+
+    def terms(self, tensor: str, constant_slots: frozenset, transform: tuple = ()) -> list["Term"]:
+        """Read a pre-activation as a sum of :class:`Term`: products ``operand @ weight``,
+        constants, and leaves that are neither.
+
+        Column blocks (Split, SplitV, StridedSlice) of sums are looked through, so fused kernels
+        and per-gate slices read alike. A product is a ``MatMul`` or a ``Gemm``, whatever
+        tf2onnx folded into it: ``alpha`` scales the weight, ``transB`` transposes it, and the
+        added ``C`` (times ``beta``) is read as further terms. ``transform`` is what the
+        enclosing blocks and scales do to a weight's columns.
+        """
+        found = []
+        for leaf in self.sum_terms(tensor):
+            found += self._leaf_terms(leaf, constant_slots, transform)
+        return found
+
+    def _leaf_terms(self, leaf: str, constant_slots: frozenset, transform: tuple) -> list["Term"]:
+        constant = self.static_source(leaf, constant_slots)
+        if constant is not None:
+            return [Term(leaf, None, _transformed(_bias_row(constant, leaf), transform))]
+        block = self._column_block(leaf)
+        if block is not None:
+            source, select = block
+            return self.terms(source, constant_slots, transform + (select,))
+        node = self.graph.get_node_by_output(leaf)
+        if node is not None and node.type in _PRODUCT_OPS:
+            return self._product_terms(node, constant_slots, transform)
+        require(not transform, f"a {node.type if node else 'loop input'} term inside a column block or "
+                "a scaled Gemm is not x @ W, h @ R or a bias", leaf)
+        return [Term(leaf, None, None)]
+
+    def _product_terms(self, node, constant_slots: frozenset, transform: tuple) -> list["Term"]:
+        """``A @ B`` (MatMul) or ``alpha * A @ B + beta * C`` (Gemm), B constant across steps."""
+        form = _PRODUCT_OPS[node.type]
+        require(not node.get_attr_value(form.transpose_a, 0),
+                f"{node.type} transposes its varying factor", node.name)
+        weight = self.static_source(node.input[_WEIGHT], constant_slots)
+        require(weight is not None, f"the weight of a {node.type} is not constant across steps", node.name)
+        if node.get_attr_value(form.transpose_b, 0):
+            weight = _transposed(weight)
+        alpha = float(node.get_attr_value("alpha", 1.0)) if form.scaled else 1.0
+        product = Term(node.output[0], self.unbroadcast(node.input[_FACTOR]),
+                       _transformed(weight, transform + _scale(alpha)))
+        if not form.scaled or len(node.input) <= _ADDEND or not node.input[_ADDEND]:
+            return [product]
+        beta = float(node.get_attr_value("beta", 1.0))
+        return [product] + self.terms(node.input[_ADDEND], constant_slots, transform + _scale(beta))
 
     def affine(self, tensors, x_t: str, h_prev: str, constant_slots: frozenset) -> Affine:
         """Decompose ``tensors`` (one tensor, or a list to add up) as ``x_t @ W + h_prev @ R + biases``.
@@ -228,62 +289,46 @@ class BodyView:
         Raises :class:`NoMatch` when a term is anything else.
         """
         tensors = [tensors] if isinstance(tensors, str) else list(tensors)
-        tensor = tensors[0] if tensors else ""
+        return self.affine_of([t for tensor in tensors for t in self.terms(tensor, constant_slots)],
+                              x_t, h_prev, tensors[0] if tensors else "")
+
+    def affine_of(self, terms: list, x_t: str, h_prev: str, where: str = "") -> Affine:
+        """Sort terms into ``x_t @ W``, ``h_prev @ R`` and biases; anything else is a :class:`NoMatch`."""
+        x_t, h_prev = self.unbroadcast(x_t) if x_t else "", self.unbroadcast(h_prev)
         input_weights, recurrent_weights, biases = [], [], []
-        for term, select in (pair for t in tensors for pair in self.terms(t)):
-            node = self.producer(term)
-            bias = self.static_source(term, constant_slots)
-            if bias is not None:
-                biases.append(_selected(bias, select))
-                continue
-            require(node is not None and node.type == "MatMul",
-                    f"a gate pre-activation term ({node.type if node else 'input'}) is not x @ W, h @ R "
-                    "or a bias", term)
-            require(not node.get_attr_value("transpose_a", 0), "MatMul with transpose_a", node.name)
-            operand, weight = self.operands(node)
-            source = self.static_source(weight, constant_slots)
-            require(source is not None, "a MatMul weight is not constant across steps", node.name)
-            if node.get_attr_value("transpose_b", 0):
-                source = _transposed(source)
-            if operand == self.resolve(x_t):
-                input_weights.append(_selected(source, select))
-            elif operand == self.resolve(h_prev):
-                recurrent_weights.append(_selected(source, select))
+        for term in terms:
+            if term.weight is None:
+                node = self.graph.get_node_by_output(term.tensor)
+                raise NoMatch(f"a gate pre-activation term ({node.type if node else 'input'}) is not x @ W, "
+                              "h @ R or a bias", term.tensor)
+            if term.operand is None:
+                biases.append(term.weight)
+            elif term.operand == x_t:
+                input_weights.append(term.weight)
+            elif term.operand == h_prev:
+                recurrent_weights.append(term.weight)
             else:
-                raise NoMatch("a MatMul multiplies something other than x_t or the previous state",
-                              node.name)
-        require(len(input_weights) <= 1, "more than one x_t @ W term in a gate", tensor)
-        require(len(recurrent_weights) <= 1, "more than one h @ R term in a gate", tensor)
+                raise NoMatch("a product multiplies something other than x_t or the previous state", term.tensor)
+        require(len(input_weights) <= 1, "more than one x_t @ W term in a gate", where)
+        require(len(recurrent_weights) <= 1, "more than one h @ R term in a gate", where)
         return Affine(input_weights[0] if input_weights else None,
                       recurrent_weights[0] if recurrent_weights else None,
                       tuple(biases))
 
-    def terms(self, tensor: str, select=lambda a: a):
-        """Yield (leaf, column selection) pairs of a sum, looking through column blocks of sums."""
-        for leaf in self.sum_terms(tensor):
-            block = self._column_block(leaf)
-            if block is None:
-                yield leaf, select
-                continue
-            source, block_select = block
-            yield from self.terms(source, _compose(select, block_select))
-
     def _column_block(self, tensor: str):
-        """If ``tensor`` is a block of columns of another tensor: (that tensor, selector)."""
+        """If ``tensor`` is a block of columns (last axis) of another tensor: (that tensor, selector)."""
         node = self.producer(tensor)
         if node is None:
             return None
         index = int(tensor.rsplit(":", 1)[1]) if ":" in tensor else 0
         try:
             if node.type == "Split":
-                axis = evaluate(self.graph, node.input[0])
-                if int(axis) not in (1, -1):
+                if not self._is_last_axis(node.input[1], evaluate(self.graph, node.input[0])):
                     return None
                 parts = node.get_attr_value("num_split")
                 return self.resolve(node.input[1]), lambda a: np.split(a, parts, axis=-1)[index]
             if node.type == "SplitV":
-                axis = evaluate(self.graph, node.input[2])
-                if int(axis) not in (1, -1):
+                if not self._is_last_axis(node.input[0], evaluate(self.graph, node.input[2])):
                     return None
                 cuts = np.cumsum(evaluate(self.graph, node.input[1]).tolist())[:-1]
                 return self.resolve(node.input[0]), lambda a: np.split(a, cuts, axis=-1)[index]
@@ -293,28 +338,98 @@ class BodyView:
             return None
         return None
 
+    def _is_last_axis(self, tensor: str, axis) -> bool:
+        """Whether ``axis`` is ``tensor``'s last axis (2-D when its rank is unknown)."""
+        rank = len(self.graph.get_shape(tensor) or [None, None])
+        return int(axis) in (-1, rank - 1)
+
     def _strided_columns(self, node):
+        """A StridedSlice that takes every row (all axes but the last whole) and a range of columns."""
         begin, end, strides = (evaluate(self.graph, t).tolist() for t in node.input[1:4])
-        if len(begin) != 2 or any(node.get_attr_value(m, 0) for m in
-                                  ("ellipsis_mask", "new_axis_mask", "shrink_axis_mask")):
+        rank = len(self.graph.get_shape(node.input[0]) or [None, None])
+        if len(begin) != rank or any(node.get_attr_value(m, 0) for m in
+                                     ("ellipsis_mask", "new_axis_mask", "shrink_axis_mask")):
             return None
         begin_mask = node.get_attr_value("begin_mask", 0)
         end_mask = node.get_attr_value("end_mask", 0)
-        rows_whole = (begin_mask & 1 or begin[0] == 0) and end_mask & 1 and strides[0] == 1
+        last = rank - 1
+        rows_whole = all((begin_mask >> axis & 1 or begin[axis] == 0) and end_mask >> axis & 1 and strides[axis] == 1
+                         for axis in range(last))
         if not rows_whole:
             return None
-        start = None if begin_mask & 2 else int(begin[1])
-        stop = None if end_mask & 2 else int(end[1])
-        step = int(strides[1])
+        start = None if begin_mask >> last & 1 else int(begin[last])
+        stop = None if end_mask >> last & 1 else int(end[last])
+        step = int(strides[last])
         return self.resolve(node.input[0]), lambda a: a[..., start:stop:step]
 
 
-def _compose(outer, inner):
-    return lambda a: outer(inner(a))
+@dataclass(frozen=True)
+class Term:
+    """One addend of a pre-activation, as :meth:`BodyView.terms` reads it.
+
+    A product ``operand @ weight`` (``operand`` is the varying factor), a constant ``weight``
+    (``operand`` None), or a leaf that is neither (``weight`` None; GRU's reset product), which
+    the caller reads further from ``tensor``.
+    """
+
+    tensor: str
+    operand: Optional[str]
+    weight: Optional[WeightSource]
 
 
-def _selected(source: WeightSource, select) -> WeightSource:
-    return lambda values: select(np.asarray(source(values)))
+@dataclass(frozen=True)
+class _ProductForm:
+    """Attribute names of one op form of "x times a weight"."""
+
+    transpose_a: str
+    transpose_b: str
+    scaled: bool  # alpha, beta and an added C (Gemm)
+
+
+_PRODUCT_OPS = {
+    "MatMul": _ProductForm("transpose_a", "transpose_b", scaled=False),
+    "Gemm": _ProductForm("transA", "transB", scaled=True),
+}
+_FACTOR, _WEIGHT, _ADDEND = 0, 1, 2  # input positions of MatMul (A, B) and Gemm (A, B, C)
+_UNIT_RESHAPES = frozenset({"Squeeze", "Reshape", "ExpandDims", "Unsqueeze"})
+
+
+def _same_but_unit_axes(source_shape, shape) -> bool:
+    """Known shapes that differ only in axes of size one, with the same last axis."""
+    if not source_shape or not shape or any(d is None or d < 0 for d in list(source_shape) + list(shape)):
+        return False
+    return (source_shape[-1] == shape[-1]
+            and [d for d in source_shape if d != 1] == [d for d in shape if d != 1])
+
+
+def _scale(factor: float) -> tuple:
+    """A weight transform multiplying by ``factor`` (none for 1)."""
+    return () if factor == 1.0 else (lambda a: a * np.asarray(factor, a.dtype),)
+
+
+def _transformed(source: WeightSource, transform: tuple) -> WeightSource:
+    """``source`` with ``transform``'s steps applied, innermost (last) first."""
+    def value(values):
+        array = np.asarray(source(values))
+        for step in reversed(transform):
+            array = step(array)
+        return array
+
+    return value
+
+
+def _bias_row(source: WeightSource, where: str) -> WeightSource:
+    """A constant addend as one row: tf2onnx may have folded a bias into a ``[1, N]`` or
+    ``[B, N]`` tensor (a fixed batch broadcast); its rows must then be equal."""
+    def value(values):
+        array = np.asarray(source(values))
+        if array.ndim < 2:
+            return array
+        rows = array.reshape(-1, array.shape[-1])
+        require(bool(np.all(rows == rows[:1])), "a constant gate term differs between batch rows", where)
+        return rows[0]
+
+    return value
 
 
 def _transposed(source: WeightSource) -> WeightSource:

@@ -8,7 +8,7 @@ Keras's gate order z, r, h is ONNX's; the activations are (f, g) = (ra, a).
 """
 from __future__ import annotations
 
-from .body import BodyView, Skeleton
+from .body import BodyView, Skeleton, Term
 from .layer import BodyMatch, CellKind, GateForm, NoMatch, StateRole, require
 
 KIND = CellKind.GRU
@@ -34,29 +34,27 @@ def match(view: BodyView, skeleton: Skeleton) -> BodyMatch:
     hh_pre, candidate_activation = view.gate(candidate)
 
     # hh's pre-activation: x terms plus one reset term
-    reset_terms = [t for t in view.sum_terms(hh_pre) if _reset_operand(view, t, h_prev, constants) is not None]
-    require(len(reset_terms) == 1, "the candidate does not apply the reset gate once", hh_pre)
-    reset_node = view.producer(reset_terms[0])
-    r, recurrent_part, reset_after = _reset_operand(view, reset_terms[0], h_prev, constants)
+    terms = view.terms(hh_pre, constants)
+    resets = [(term, reading) for term, reading in ((t, _reset_reading(view, t, h_prev, constants)) for t in terms)
+              if reading is not None]
+    require(len(resets) == 1, "the candidate does not apply the reset gate once", hh_pre)
+    ((reset_term, (r, recurrent_part, reset_after)),) = resets
     r_pre, r_activation = view.gate(r)
     require(r_activation == gate_activation, "the reset and update gates use different activations",
             r)
 
-    input_part = [t for t in view.sum_terms(hh_pre) if t != reset_terms[0]]
-    require(input_part, "the candidate has no input part", hh_pre)
-    x_affine = view.affine(input_part, x_t, h_prev, constants)
+    input_part = [t for t in terms if t is not reset_term]
+    x_affine = view.affine_of(input_part, x_t, h_prev, hh_pre)
     require(x_affine.recurrent_weight is None and x_affine.input_weight is not None,
             "the candidate's input part is not x @ W + b", hh_pre)
     if reset_after:
         h_affine = view.affine(recurrent_part, x_t, h_prev, constants)
         require(h_affine.input_weight is None and h_affine.recurrent_weight is not None,
-                "the reset gate does not scale h @ R + b", reset_node.name)
+                "the reset gate does not scale h @ R + b", reset_term.tensor)
         candidate_form = GateForm(x_affine.input_weight, h_affine.recurrent_weight,
                                   x_affine.bias(), h_affine.bias())
     else:
-        weight = view.static_source(recurrent_part, constants)
-        require(weight is not None, "the reset product's weight is not constant", reset_node.name)
-        candidate_form = GateForm(x_affine.input_weight, weight, x_affine.bias())
+        candidate_form = GateForm(x_affine.input_weight, recurrent_part, x_affine.bias())
 
     def form(pre: str) -> GateForm:
         affine = view.affine(pre, x_t, h_prev, constants)
@@ -79,30 +77,29 @@ def _is_one_minus(view: BodyView, tensor: str, z: str) -> bool:
             and view.scalar(node.input[0]) == 1.0 and view.resolve(node.input[1]) == z)
 
 
-def _reset_operand(view: BodyView, term: str, h_prev: str, constants: frozenset):
-    """For the reset term of hh: (r, the part r multiplies, reset_after), else None.
+def _reset_reading(view: BodyView, term: Term, h_prev: str, constants: frozenset):
+    """For the reset term of hh: (r, what r applies to, reset_after), else None.
 
-    reset_after:  ``r * (h @ Rh + bh)``  -> (r, that tensor, True)
-    reset_before: ``(r * h) @ Rh``      -> (r, the weight Rh, False)
+    reset_after:  ``r * (h @ Rh + bh)``, a leaf that is no product -> (r, that tensor, True)
+    reset_before: ``(r * h) @ Rh``, a product                       -> (r, the weight Rh, False)
     """
-    node = view.producer(term)
-    if node is None:
+    if term.weight is not None and term.operand is not None:
+        inner = view.producer(term.operand)
+        if inner is None or inner.type != "Mul":
+            return None
+        factors = [view.unbroadcast(t) for t in inner.input]
+        if view.unbroadcast(h_prev) not in factors:
+            return None
+        (r,) = [t for t in factors if t != view.unbroadcast(h_prev)] or [h_prev]
+        return r, term.weight, False
+    node = view.producer(term.tensor)
+    if term.weight is not None or node is None or node.type != "Mul":
         return None
-    if node.type == "MatMul":
-        inner = view.producer(node.input[0])
-        if inner is None or inner.type != "Mul" or node.get_attr_value("transpose_a", 0):
-            return None
-        factors = view.operands(inner)
-        if h_prev not in factors:
-            return None
-        (r,) = [t for t in factors if t != h_prev] or [h_prev]
-        return r, view.resolve(node.input[1]), False
-    if node.type == "Mul":
-        first, second = view.operands(node)
-        # the part r scales depends on h alone (h @ Rh + bh); r itself depends on x too
-        for r, part in ((first, second), (second, first)):
-            if _recurrent_only(view, part, h_prev, constants) and not _recurrent_only(view, r, h_prev, constants):
-                return r, part, True
+    first, second = view.operands(node)
+    # the part r scales depends on h alone (h @ Rh + bh); r itself depends on x too
+    for r, part in ((first, second), (second, first)):
+        if _recurrent_only(view, part, h_prev, constants) and not _recurrent_only(view, r, h_prev, constants):
+            return r, part, True
     return None
 
 
