@@ -238,20 +238,42 @@ def _is_zero(graph, tensor: str) -> bool:
 
 def plan_nodes(graph, passes: list, assume_post_padded: bool = False) -> list:
     """Group passes into ONNX nodes: a forward and a backward pass over the same input become
-    one bidirectional node; every other pass is a node of its own."""
-    layers, remaining = [], list(passes)
-    while remaining:
-        current = remaining.pop(0)
-        partner = next((p for p in remaining if _pairs(graph, current, p, assume_post_padded)), None)
-        if partner is None:
-            layers.append(_single(graph, current, assume_post_padded))
-            continue
-        remaining.remove(partner)
-        forward, backward = (current, partner) if current.direction is Direction.FORWARD else (partner, current)
-        layers.append(RecurrentLayer(x=forward.wiring.x, direction=NodeDirection.BIDIRECTIONAL,
-                                     passes=(forward, backward), mask=forward.wiring.mask,
-                                     mask_key=_tensor_key(graph, forward.wiring.mask)))
+    one bidirectional node; every other pass is a node of its own.
+
+    When a pass could pair with several others (layers side by side on one input, say an LSTM
+    beside a Bidirectional LSTM), the pairs whose loops share the most name scopes (the two
+    halves of one Bidirectional) are taken first. Nodes keep the order of their first pass.
+    """
+    candidates = [(first, second) for first in range(len(passes)) for second in range(first + 1, len(passes))
+                  if _pairs(graph, passes[first], passes[second], assume_post_padded)]
+    candidates.sort(key=lambda pair: (-_shared_scopes(passes[pair[0]].loop, passes[pair[1]].loop), pair))
+    partner: dict = {}
+    for first, second in candidates:
+        if first not in partner and second not in partner:
+            partner[first], partner[second] = second, first
+    layers = []
+    for index, one in enumerate(passes):
+        if index not in partner:
+            layers.append(_single(graph, one, assume_post_padded))
+        elif partner[index] > index:
+            layers.append(_bidirectional(graph, one, passes[partner[index]]))
     return layers
+
+
+def _shared_scopes(a: str, b: str) -> int:
+    """How many leading name scopes two node names share."""
+    count = 0
+    for left, right in zip(a.split("/"), b.split("/")):
+        if left != right:
+            break
+        count += 1
+    return count
+
+
+def _bidirectional(graph, a: Pass, b: Pass) -> RecurrentLayer:
+    forward, backward = (a, b) if a.direction is Direction.FORWARD else (b, a)
+    return RecurrentLayer(x=forward.wiring.x, direction=NodeDirection.BIDIRECTIONAL, passes=(forward, backward),
+                          mask=forward.wiring.mask, mask_key=_tensor_key(graph, forward.wiring.mask))
 
 
 def _single(graph, one: Pass, assume_post_padded: bool) -> RecurrentLayer:
