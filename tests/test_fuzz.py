@@ -16,9 +16,12 @@ For Keras 3 (``keras``) and tf_keras, hypothesis draws a model (see :func:`examp
   conversion must follow Keras either way); ``go_backwards`` inside ``Bidirectional`` in
   tf_keras only (Keras 3 refuses it);
 - every weight (biases included) seeded normal * 0.3;
-- one or two rounds of inputs on the same converted model, each with batch 1-4, time 1-7 and,
-  when masked, one mask row per batch row drawn from full / post-padded / pre-padded / holed /
-  empty.
+- the input signature: dynamic batch and time (the default), or a fixed batch (1-4) and/or a
+  fixed time (1-7), as users exporting for embedded runtimes give (``input_signature`` with
+  those dimensions; every model input gets the fixed batch, ``x`` and ``m`` the fixed time);
+- one or two rounds of inputs on the same converted model, each with batch 1-4, time 1-7 (the
+  signature's where it fixes them) and, when masked, one mask row per batch row drawn from
+  full / post-padded / pre-padded / holed / empty.
 
 The property, per example: ``onnx.checker.check_model(full_check=True)`` passes; every
 recurrent while-loop in the report is either fused into a native node of the graph (``became``
@@ -113,6 +116,8 @@ class ModelSpec:
     explicit_upstream_mask: bool = False  # masking + initial_state: pass Masking's mask as mask=
     return_state: bool = False  # last layer
     weight_seed: int = 0
+    fixed_batch: Optional[int] = None  # the input signature's batch; None: dynamic
+    fixed_time: Optional[int] = None  # the input signature's time; None: dynamic
 
     @property
     def expressible(self) -> bool:
@@ -124,6 +129,19 @@ class ModelSpec:
 
     def input_names(self) -> list:
         return ["x"] + (["m"] if self.mask == "input" else []) + [f"init_{j}" for j in range(len(self.state_sizes()))]
+
+    def input_signature(self) -> Optional[list]:
+        """TensorSpecs with the fixed dimensions, or None (the converter's default: dynamic)."""
+        if self.fixed_batch is None and self.fixed_time is None:
+            return None
+        import tensorflow as tf
+
+        batch, time_ = self.fixed_batch, self.fixed_time
+        specs = [tf.TensorSpec((batch, time_, self.features), tf.float32, name="x")]
+        if self.mask == "input":
+            specs.append(tf.TensorSpec((batch, time_), tf.bool, name="m"))
+        return specs + [tf.TensorSpec((batch, size), tf.float32, name=f"init_{j}")
+                        for j, size in enumerate(self.state_sizes())]
 
 
 @dataclass(frozen=True)
@@ -182,7 +200,9 @@ def model_specs(draw, flavor: str) -> ModelSpec:
         explicit_upstream_mask=(draw(st.booleans()) if flavor == "keras3" and mask == "masking" and initial_state
                                 else False),
         return_state=draw(st.booleans()),
-        weight_seed=draw(st.integers(0, 2**32 - 1)))
+        weight_seed=draw(st.integers(0, 2**32 - 1)),
+        fixed_batch=draw(st.one_of(st.none(), st.integers(1, 4))),
+        fixed_time=draw(st.one_of(st.none(), st.integers(1, 7))))
 
 
 @st.composite
@@ -207,7 +227,8 @@ def mask_rows(draw, time: int) -> str:
 
 @st.composite
 def rounds_for(draw, spec: ModelSpec) -> Round:
-    batch, time = draw(st.integers(1, 4)), draw(st.integers(1, 7))
+    batch = spec.fixed_batch if spec.fixed_batch is not None else draw(st.integers(1, 4))
+    time = spec.fixed_time if spec.fixed_time is not None else draw(st.integers(1, 7))
     rows = tuple(draw(mask_rows(time)) for _ in range(batch)) if spec.mask != "none" else None
     return Round(batch=batch, time=time, data_seed=draw(st.integers(0, 2**16)), rows=rows)
 
@@ -400,10 +421,11 @@ def check_example(flavor: str, example: Example) -> dict:
 
     spec = example.spec
     started = time.perf_counter()
-    record = dict(flavor=flavor, ok=False, expressible=spec.expressible, layers=len(spec.layers), mask=spec.mask)
+    record = dict(flavor=flavor, ok=False, expressible=spec.expressible, layers=len(spec.layers), mask=spec.mask,
+                  signature=(spec.fixed_batch, spec.fixed_time))
     try:
         model = build_model(flavor, spec)
-        proto = convert_keras(model)
+        proto = convert_keras(model, input_signature=spec.input_signature())
         problems = []
         try:
             onnx.checker.check_model(proto, full_check=True)
@@ -448,6 +470,8 @@ def run_property(flavor: str, example: Example) -> None:
     record = check_example(flavor, example)
     event(f"{record['fused']} loop(s) fused, {record['kept']} left as Loop")
     event(f"mask: {example.spec.mask}; {len(example.spec.layers)} layer(s)")
+    event("signature: batch " + str(example.spec.fixed_batch or "dynamic") + ", time "
+          + str(example.spec.fixed_time or "dynamic"))
     for text in record["notes"]:
         note(f"structure note: {text}")
         event("structure note: " + text.split(":")[0])
