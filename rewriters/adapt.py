@@ -144,7 +144,21 @@ def _list_source(graph, loop, slot: int, what: str):
     if producer is not None and producer.type in ("ReverseV2", "Reverse"):
         if _constant_list(graph, producer.input[1]) == [0]:
             return x, producer.input[0]
+    if _one_step(graph, x) and _backward_half(loop.name):
+        return x, x  # reversing one step is the identity, which TensorFlow's optimizer drops
     return x, None
+
+
+def _one_step(graph, tensor: str) -> bool:
+    """Whether a time-major tensor has a fixed time length of one."""
+    shape = graph.get_shape(tensor)
+    return bool(shape) and shape[0] == 1
+
+
+def _backward_half(loop_name: str) -> bool:
+    """Whether a loop runs in a Bidirectional's backward layer, which Keras names backward_<layer>
+    (the only trace of its direction once a fixed one-step sequence lost its reversal)."""
+    return any(scope.startswith("backward_") for scope in loop_name.split("/"))
 
 
 def _outputs(graph, loop, match: BodyMatch, direction: Direction) -> dict:
