@@ -154,14 +154,22 @@ class Case:
 CASES = [Case(model, batch, time) for model in MODELS for batch, time in SIGNATURES] + [Case("masked", 1, 1)]
 
 
-def build(flavor: str, case: Case):
-    K = parity.keras_module(flavor)
-    x = K.Input((None, FEATURES), name="x")
-    h = K.layers.Masking(mask_value=0.0, name="masking")(x) if case.masked else x
-    outputs = [leaf for branch in case.branches for leaf in flatten(branch.layer(K)(h))]
-    model = K.Model(x, outputs, name="fixed_" + case.model)
-    parity.randomize_weights(model, zlib.crc32(f"fixed/{flavor}/{case.model}".encode()))
-    return model
+_MODELS: dict = {}
+
+
+def build(flavor: str, model_name: str):
+    """The Keras model (dynamic batch and time, randomized weights), built once per process and
+    shared by every signature and both roads: only the conversion's signature differs."""
+    key = (flavor, model_name)
+    if key not in _MODELS:
+        K = parity.keras_module(flavor)
+        x = K.Input((None, FEATURES), name="x")
+        h = K.layers.Masking(mask_value=0.0, name="masking")(x) if model_name == "masked" else x
+        outputs = [leaf for branch in MODELS[model_name] for leaf in flatten(branch.layer(K)(h))]
+        model = K.Model(x, outputs, name="fixed_" + model_name)
+        parity.randomize_weights(model, zlib.crc32(f"fixed/{flavor}/{model_name}".encode()))
+        _MODELS[key] = model
+    return _MODELS[key]
 
 
 def flatten(out) -> list:
@@ -188,7 +196,7 @@ def converted(road: str, flavor: str, case: Case, tmp_path_factory) -> Conversio
     if key not in _CACHE:
         entry = Conversion()
         try:
-            entry.model = build(flavor, case)
+            entry.model = build(flavor, case.model)
             if road == "api":
                 entry.proto, entry.output_names = _through_api(entry.model, case)
             else:
