@@ -1,18 +1,32 @@
 """Verification: run the TensorFlow model and the ONNX model on the same seeded random inputs.
 
 Dynamic dimensions are exercised at two sizes, so a model that is only right for the traced
-length or batch fails. The result lists the max abs error per output against a tolerance.
+length or batch fails. Every output is compared element by element, and passes only when:
+
+- its shape and its dtype are those of the reference (the Keras model or the SavedModel);
+- it is NaN exactly where the reference is NaN, and +Inf / -Inf exactly where the reference
+  has the same infinity (matching NaNs and infinities count as equal);
+- everywhere else the absolute difference is within the tolerance.
+
+What the two models do differently as a whole (the number of outputs, onnxruntime or the
+reference failing on an input) fails the result too: comparing never raises because the models
+differ. :meth:`VerificationResult.reason` says in one line what failed first; the table lists
+every output with its max abs error and its NaN counts, ONNX vs the reference.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
 import numpy as np
 import onnx
 
-from .errors import ConversionError, VerificationError
+from .errors import ConversionError, VerificationError, first_line
 from .inputs import random_inputs
+
+__all__ = ["ROUNDS", "OutputCheck", "VerificationError", "VerificationResult", "compare", "onnx_input_specs",
+           "verify_keras", "verify_saved_model"]
 
 # (batch size, size of every other dynamic dimension) for each verification round
 ROUNDS = ((2, 5), (3, 9))
@@ -20,30 +34,64 @@ ROUNDS = ((2, 5), (3, 9))
 
 @dataclass
 class OutputCheck:
+    """One output, over every round.
+
+    ``max_abs_error`` is the largest ``|ONNX - reference|`` where both are finite; it is NaN
+    when a NaN faces anything but a NaN, Inf when an infinity faces anything but the same
+    infinity or when the shapes differ (nothing could be compared). ``reason`` says why the
+    output failed, in the first round it failed ("" when it passed).
+    """
+
     name: str
     max_abs_error: float
     passed: bool
+    onnx_nan: int = 0  # NaN values in the ONNX output, summed over the rounds
+    reference_nan: int = 0  # NaN values in the reference's output, summed over the rounds
+    reason: str = ""
 
 
 @dataclass
 class VerificationResult:
+    """Every output's check, and ``problem``: a failure of the comparison as a whole."""
+
     tolerance: float
     checks: list = field(default_factory=list)
+    problem: str = ""
+    reference: str = "TensorFlow"  # what the ONNX model was compared with, as the messages name it
+    rounds: int = 1
 
     @property
     def passed(self) -> bool:
-        return bool(self.checks) and all(c.passed for c in self.checks)
+        return not self.problem and bool(self.checks) and all(c.passed for c in self.checks)
+
+    def reason(self) -> str:
+        """What failed first, in one line ("" when verification passed)."""
+        for check in self.checks:
+            if not check.passed:
+                return f"output {check.name!r}: {check.reason}"
+        if self.problem:
+            return self.problem
+        if not self.checks:
+            return "no output was compared"
+        return ""
 
     def table(self) -> str:
-        lines = [f"verification (tolerance {self.tolerance:g}):"]
+        rounds = f"{self.rounds} round{'s' if self.rounds != 1 else ''} of inputs"
+        lines = [f"verification (tolerance {self.tolerance:g}; ONNX vs {self.reference}; {rounds}):"]
         for check in self.checks:
             lines.append(f"  {check.name}: max abs error {check.max_abs_error:.3g} "
                          f"{'ok' if check.passed else 'FAILED'}")
+            detail = f"    NaN: ONNX {check.onnx_nan}, {self.reference} {check.reference_nan}"
+            lines.append(detail + (f"; {check.reason}" if check.reason else ""))
+        if self.problem:
+            lines.append(f"  FAILED: {self.problem}")
+        elif not self.checks:
+            lines.append("  FAILED: no output was compared")
         return "\n".join(lines)
 
     def raise_for_failure(self) -> "VerificationResult":
         if not self.passed:
-            raise VerificationError(self.table())
+            raise VerificationError(f"verification failed: {self.reason()}\n{self.table()}")
         return self
 
 
@@ -65,50 +113,190 @@ def _session(model_proto: onnx.ModelProto):
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
+    options.log_severity_level = 4  # a failing run is reported in the result, not logged to stderr
     return ort.InferenceSession(model_proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
+# -- comparing one output ------------------------------------------------------------------------
+_FINITE, _NAN, _POS_INF, _NEG_INF = range(4)
+_KIND_NAMES = {_FINITE: "a finite value", _NAN: "NaN", _POS_INF: "+Inf", _NEG_INF: "-Inf"}
+
+
+@dataclass
+class _Outcome:
+    """One output in one round."""
+
+    error: float
+    onnx_nan: int
+    reference_nan: int
+    reason: str = ""
+
+
+def _numeric(array: np.ndarray) -> bool:
+    return array.dtype.kind in "biufc"
+
+
+def _nan_count(array: np.ndarray) -> int:
+    return int(np.count_nonzero(np.isnan(array))) if array.dtype.kind in "fc" else 0
+
+
+def _kinds(array: np.ndarray) -> np.ndarray:
+    """Per element: finite, NaN, +Inf or -Inf."""
+    kinds = np.full(array.shape, _FINITE, dtype=np.int8)
+    if array.dtype.kind in "fc":
+        kinds[np.isnan(array)] = _NAN
+        infinite = np.isinf(array)
+        positive = np.real(array) > 0
+        kinds[infinite & positive] = _POS_INF
+        kinds[infinite & ~positive] = _NEG_INF
+    return kinds
+
+
+def _index(flat: int, shape: tuple) -> str:
+    return str([int(i) for i in np.unravel_index(flat, shape)]) if shape else "[]"
+
+
+def _compare_output(actual, expected, tolerance: float, reference: str) -> _Outcome:
+    actual, expected = np.asarray(actual), np.asarray(expected)
+    onnx_nan, reference_nan = _nan_count(actual), _nan_count(expected)
+    differences = []
+    if actual.dtype != expected.dtype:
+        differences.append(f"dtype {actual.dtype} vs {reference} {expected.dtype}")
+    if actual.shape != expected.shape:
+        differences.insert(0, f"shape {actual.shape} vs {reference} {expected.shape}")
+        return _Outcome(math.inf, onnx_nan, reference_nan, ", ".join(differences))
+    error, reason = _compare_values(actual, expected, tolerance, reference)
+    if reason:
+        differences.append(reason)
+    return _Outcome(error, onnx_nan, reference_nan, ", ".join(differences))
+
+
+def _compare_values(actual: np.ndarray, expected: np.ndarray, tolerance: float, reference: str) -> tuple:
+    """(max abs error, why the values fail or "") of two arrays of one shape."""
+    if not (_numeric(actual) and _numeric(expected)):
+        unequal = np.flatnonzero(actual != expected)
+        if unequal.size:
+            return math.inf, (f"values differ from {reference}'s at {unequal.size} position(s), "
+                              f"first at {_index(unequal[0], actual.shape)}")
+        return 0.0, ""
+    wide = np.complex128 if "c" in (actual.dtype.kind, expected.dtype.kind) else np.float64
+    onnx_values, reference_values = actual.astype(wide).ravel(), expected.astype(wide).ravel()
+    onnx_kinds, reference_kinds = _kinds(onnx_values), _kinds(reference_values)
+    both_finite = (onnx_kinds == _FINITE) & (reference_kinds == _FINITE)
+    error, worst = 0.0, None
+    if both_finite.any():
+        differences = np.abs(onnx_values[both_finite] - reference_values[both_finite])
+        worst = int(np.flatnonzero(both_finite)[np.argmax(differences)])
+        error = float(np.max(differences))
+    mismatched = np.flatnonzero(onnx_kinds != reference_kinds)
+    if mismatched.size:
+        first = mismatched[0]
+        pair = (onnx_kinds[first], reference_kinds[first])
+        same_pair = int(np.count_nonzero((onnx_kinds[mismatched] == pair[0])
+                                         & (reference_kinds[mismatched] == pair[1])))
+        reason = (f"ONNX gives {_KIND_NAMES[pair[0]]} where {reference} gives {_KIND_NAMES[pair[1]]} "
+                  f"at {same_pair} position(s), first at {_index(first, actual.shape)}")
+        if same_pair < mismatched.size:
+            reason += f"; {mismatched.size - same_pair} other NaN/Inf mismatch(es)"
+        involves_nan = ((onnx_kinds[mismatched] == _NAN) | (reference_kinds[mismatched] == _NAN)).any()
+        return (math.nan if involves_nan else math.inf), reason
+    if not error <= tolerance:
+        return error, f"max abs error {error:.3g} at {_index(worst, actual.shape)} exceeds the tolerance {tolerance:g}"
+    return error, ""
+
+
+def _worse(a: float, b: float) -> float:
+    """The larger error, NaN above everything."""
+    if math.isnan(a) or math.isnan(b):
+        return math.nan
+    return max(a, b)
+
+
+def _check(name: str, outcomes: list, tolerance: float, rounds: int) -> OutputCheck:
+    error, reason = 0.0, ""
+    for number, outcome in enumerate(outcomes, 1):
+        error = _worse(error, outcome.error)
+        if outcome.reason and not reason:
+            reason = outcome.reason + (f" (round {number} of {rounds})" if rounds > 1 else "")
+    return OutputCheck(name, error, not reason, sum(o.onnx_nan for o in outcomes),
+                       sum(o.reference_nan for o in outcomes), reason)
+
+
+# -- comparing models --------------------------------------------------------------------------
+def _shapes(arrays: Sequence[np.ndarray]) -> str:
+    return ", ".join(str(tuple(np.shape(a))) for a in arrays)
+
+
 def compare(reference: Callable[[list], Sequence[np.ndarray]], model_proto: onnx.ModelProto,
-            tolerance: float = 1e-4, seed: int = 0, inputs: Optional[list] = None) -> VerificationResult:
-    """Compare ``reference(arrays)`` (outputs in ONNX output order) with onnxruntime."""
-    session = _session(model_proto)
+            tolerance: float = 1e-4, seed: int = 0, inputs: Optional[list] = None,
+            reference_name: str = "TensorFlow") -> VerificationResult:
+    """Compare ``reference(arrays)`` (outputs in ONNX output order) with onnxruntime.
+
+    Without ``inputs``, one round per :data:`ROUNDS` entry on seeded random inputs; with
+    ``inputs`` (arrays in ONNX input order), one round on those.
+    """
     specs = onnx_input_specs(model_proto)
-    names = [o.name for o in session.get_outputs()]
-    worst = dict.fromkeys(names, 0.0)
-    batches = [inputs] if inputs is not None else [
+    rounds = [inputs] if inputs is not None else [
         random_inputs(specs, seed + i, {0: batch, **{axis: other for axis in range(1, 8)}})
         for i, (batch, other) in enumerate(ROUNDS)]
-    for arrays in batches:
-        expected = [np.asarray(e) for e in reference(arrays)]
-        actual = session.run(None, {name: a for (name, _, _), a in zip(specs, arrays)})
-        if len(expected) != len(actual):
-            raise VerificationError(f"the TensorFlow model gives {len(expected)} outputs, ONNX {len(actual)}")
-        for name, e, a in zip(names, expected, actual):
-            if e.shape != a.shape:
-                worst[name] = float("inf")
-                continue
-            error = float(np.max(np.abs(e.astype(np.float64) - a.astype(np.float64)))) if e.size else 0.0
-            worst[name] = max(worst[name], error)
-    return VerificationResult(tolerance, [OutputCheck(n, worst[n], worst[n] <= tolerance) for n in names])
+    result = VerificationResult(tolerance, reference=reference_name, rounds=len(rounds))
+    try:
+        session = _session(model_proto)
+    except Exception as error:  # noqa: BLE001 - onnxruntime raises its own kinds
+        result.problem = f"onnxruntime cannot load the ONNX model: {first_line(error)}"
+        return result
+    names = [o.name for o in session.get_outputs()]
+    outcomes: dict = {name: [] for name in names}
+    for number, arrays in enumerate(rounds, 1):
+        where = f"round {number} of {len(rounds)}, input shapes {_shapes(arrays)}"
+        try:
+            expected = list(reference(arrays))
+        except Exception as error:  # noqa: BLE001 - whatever the model raises, verification failed
+            result.problem = f"{reference_name} failed on the inputs ({where}): {type(error).__name__}: " \
+                             f"{first_line(error)}"
+            break
+        try:
+            actual = session.run(None, {name: a for (name, _, _), a in zip(specs, arrays)})
+        except Exception as error:  # noqa: BLE001 - onnxruntime raises its own kinds
+            result.problem = f"onnxruntime failed on the inputs ({where}): {first_line(error)}"
+            break
+        if len(actual) != len(expected):
+            result.problem = (f"the ONNX model has {len(actual)} output(s) ({', '.join(names)}), "
+                              f"{reference_name} {len(expected)}")
+            break
+        for name, got, want in zip(names, actual, expected):
+            outcomes[name].append(_compare_output(got, want, tolerance, reference_name))
+    result.checks = [_check(name, outcomes[name], tolerance, len(rounds)) for name in names if outcomes[name]]
+    return result
+
+
+def _in_onnx_order(outputs, onnx_names: Sequence[str]) -> list:
+    """A model's outputs as a list in the ONNX model's output order: by name when every ONNX
+    output names one of a dict's entries, else flattened as the conversion traced them."""
+    import tensorflow as tf
+
+    if isinstance(outputs, dict):
+        keys = [name.split(":")[0] for name in onnx_names]
+        if len(outputs) == len(keys) and all(key in outputs for key in keys):
+            return [np.asarray(outputs[key]) for key in keys]
+    return [np.asarray(o) for o in tf.nest.flatten(outputs)]
 
 
 def verify_keras(model, model_proto: onnx.ModelProto, tolerance: float = 1e-4, seed: int = 0,
                  inputs: Optional[list] = None) -> VerificationResult:
     """Compare a Keras model (``model(x, training=False)``) with its conversion."""
+    onnx_names = [o.name for o in model_proto.graph.output]
 
     def reference(arrays):
         outputs = model(arrays if len(arrays) > 1 else arrays[0], training=False)
-        if isinstance(outputs, dict):
-            return [outputs[o.name] for o in model_proto.graph.output]
-        if not isinstance(outputs, (list, tuple)):
-            outputs = [outputs]
-        return [np.asarray(o) for o in outputs]
+        return _in_onnx_order(outputs, onnx_names)
 
-    return compare(reference, model_proto, tolerance, seed, inputs)
+    return compare(reference, model_proto, tolerance, seed, inputs, reference_name="Keras")
 
 
 def verify_saved_model(path: str, model_proto: onnx.ModelProto, signature_def: Optional[str] = None,
-                       tag: Optional[str] = None, tolerance: float = 1e-4, seed: int = 0) -> VerificationResult:
+                       tag: Optional[str] = None, tolerance: float = 1e-4, seed: int = 0,
+                       inputs: Optional[list] = None) -> VerificationResult:
     """Compare a SavedModel's serving signature with its conversion, matching outputs by name."""
     import tensorflow as tf
 
@@ -117,6 +305,8 @@ def verify_saved_model(path: str, model_proto: onnx.ModelProto, signature_def: O
     if not signatures:
         raise ConversionError(f"the SavedModel {path} has no signatures to verify against")
     key = signature_def or ("serving_default" if "serving_default" in signatures else sorted(signatures)[0])
+    if key not in signatures:
+        raise ConversionError(f"unknown signature_def {key!r}; the SavedModel has: {', '.join(sorted(signatures))}")
     function = signatures[key]
     arg_names = list(function.structured_input_signature[1].keys())
     onnx_names = [name for name, _, _ in onnx_input_specs(model_proto)]
@@ -126,7 +316,6 @@ def verify_saved_model(path: str, model_proto: onnx.ModelProto, signature_def: O
         by_name = dict(zip(onnx_names, arrays))
         feeds = {arg: tf.constant(by_name.get(arg, by_name.get(arg + ":0", arrays[i])))
                  for i, arg in enumerate(arg_names)}
-        results = function(**feeds)
-        return [results[name.split(":")[0]].numpy() for name in output_names]
+        return _in_onnx_order(function(**feeds), output_names)
 
-    return compare(reference, model_proto, tolerance, seed)
+    return compare(reference, model_proto, tolerance, seed, inputs, reference_name="TensorFlow")
