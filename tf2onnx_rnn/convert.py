@@ -220,12 +220,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def verified_summary(result) -> str:
-    """One line saying which output failed verification first, and how."""
-    failed = [check for check in result.checks if not check.passed]
-    if not failed:
-        return "no output was compared"
-    check = failed[0]
-    return f"{check.name}: max abs error {check.max_abs_error:.3g} exceeds the tolerance {result.tolerance:g}"
+    """One line saying what failed verification first and why: an output's NaN/Inf mismatch, shape,
+    dtype or max abs error against the tolerance, or a difference of the models as a whole."""
+    return result.reason() or "no output was compared"
 
 
 def _error(message: str) -> None:
