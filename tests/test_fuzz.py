@@ -478,9 +478,9 @@ def run_property(flavor: str, example: Example) -> None:
 
 
 @fuzz
-@given(example=examples("keras3"))
-def test_fuzz_keras3(example: Example):
-    run_property("keras3", example)
+@given(example=examples(parity.FLAVORS[0]))
+def test_fuzz_keras(example: Example):
+    run_property(parity.FLAVORS[0], example)
 
 
 @fuzz

@@ -669,7 +669,12 @@ def _convert(source: Frozen, options: Options) -> Conversion:
     handlers.ensure_registered()
     loops = recurrent_loops(source.graph_def)
     report = ConversionReport()
-    rewriter = make_rewriter(report, source.layer_names, options.assume_post_padded)
+    try:  # make_rewriter guards the rewriter's construction; this guards make_rewriter itself
+        rewriter = make_rewriter(report, source.layer_names, options.assume_post_padded)
+    except Exception as error:  # noqa: BLE001 - the conversion goes on without fusing, exact
+        report.setup_error = f"internal error while setting up the rewriter: {type(error).__name__}: {error}"
+        logger.warning("recurrent layers stay Loops: %s", report.setup_error)
+        rewriter = None
     tf2onnx_options = dict(options.tf2onnx)
     custom = list(tf2onnx_options.pop("custom_rewriter", None) or [])
     shape_override = {**(source.shape_override or {}), **(tf2onnx_options.pop("shape_override", None) or {})}
