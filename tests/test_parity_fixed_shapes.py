@@ -25,6 +25,11 @@ checks, and reports together: one native node per Keras layer (a Bidirectional =
 ``bidirectional`` node), no Loop/Scan anywhere, every recurrent loop in the report fused into
 the node it names, masked nodes fed a ``sequence_lens`` computed from the model input, and
 onnxruntime against ``model(x, training=False)`` on every output at every round.
+
+Beside the matrix, the op forms tf2onnx leaves for "x times a weight" (MatMul, Gemm with a bias,
+alpha, beta, transB, another product as C, batch-1 Squeezes, column blocks, biases folded to
+``[1, N]`` or ``[B, N]``) are read on hand-built graphs and must give one and the same affine form,
+including the ones Keras does not produce today.
 """
 from __future__ import annotations
 
@@ -328,6 +333,101 @@ def check(entry: Conversion, road: str, flavor: str, case: Case) -> None:
     if problems:
         pytest.fail(f"{road} {flavor} {case.id}:\n- " + "\n- ".join(problems) + "\n" + parity.report_table(proto),
                     pytrace=False)
+
+
+# -- one reading of "x times a weight", whatever op form tf2onnx left ------------------------------------
+
+_X, _H = "x:0", "h:0"
+_RNG = np.random.default_rng(1)
+_W = _RNG.standard_normal((3, 8)).astype(np.float32)
+_R = _RNG.standard_normal((2, 8)).astype(np.float32)
+_B = _RNG.standard_normal((8,)).astype(np.float32)
+
+@dataclass(frozen=True)
+class ProductForm:
+    """Nodes (op, inputs, output, attributes) over x [batch, 3] and h [batch, 2] that compute the
+    columns of ``x @ W + h @ R + b`` from ``first_column`` on as ``read``."""
+
+    nodes: tuple
+    constants: dict
+    read: str = "pre:0"
+    first_column: int = 0
+    batch: int = 1
+
+
+PRODUCT_FORMS = {
+    "MatMul + AddV2 + BiasAdd (dynamic shapes)": ProductForm(
+        (("MatMul", [_X, "W"], "xw", {}), ("MatMul", [_H, "R"], "hr", {}),
+         ("AddV2", ["xw", "hr"], "sum", {}), ("BiasAdd", ["sum", "b"], "pre", {})),
+        {"W": _W, "R": _R, "b": _B}),
+    "Gemm with the bias as C, h @ R added": ProductForm(
+        (("Gemm", [_X, "W", "b"], "xw", {}), ("MatMul", [_H, "R"], "hr", {}), ("AddV2", ["xw", "hr"], "pre", {})),
+        {"W": _W, "R": _R, "b": _B}),
+    "Gemm alpha, transB, beta; a Gemm through a batch-1 Squeeze as C; a folded [1, N] bias": ProductForm(
+        (("Gemm", [_X, "W_half", "b_double"], "xw", dict(alpha=2.0, beta=0.5)),
+         ("Squeeze", ["xw"], "xw_row", {}),
+         ("Gemm", [_H, "R_t", "xw_row"], "pre", dict(transB=1))),
+        {"W_half": _W / 2, "R_t": _R.T.copy(), "b_double": (2 * _B)[None]}),
+    "a Split column block of a Gemm whose bias was folded to [B, N] by a fixed batch": ProductForm(
+        (("Gemm", [_X, "W", "b_rows"], "xw", {}), ("MatMul", [_H, "R"], "hr", {}),
+         ("AddV2", ["xw", "hr"], "sum", {}), ("Split", ["axis", "sum"], "pre", dict(num_split=2))),
+        {"W": _W, "R": _R, "b_rows": np.stack([_B] * 3), "axis": np.array(-1, np.int32)},
+        read="pre:1", first_column=4, batch=3),
+}
+_SQUEEZED = {"xw_row:0": [8]}  # every other node output is [batch, 8] (or [batch, 8 / parts] split)
+
+
+def body_graph(nodes, constants, batch: int = 1):
+    """A tf2onnx graph holding ``nodes`` over inputs x [batch, 3] and h [batch, 2]."""
+    from onnx import TensorProto, helper, numpy_helper
+    from tf2onnx.graph import Graph
+
+    def tensor(name):
+        return name if ":" in name else name + ":0"
+
+    protos = [helper.make_node("Placeholder", [], [_X], name="x"), helper.make_node("Placeholder", [], [_H], name="h")]
+    protos += [helper.make_node("Const", [], [tensor(name)], name=name, value=numpy_helper.from_array(value))
+               for name, value in constants.items()]
+    outputs = {}
+    for op, inputs, output, attrs in nodes:
+        count = attrs.get("num_split", 1)
+        names = [f"{output}:{i}" for i in range(count)]
+        protos.append(helper.make_node(op, [tensor(i) for i in inputs], names, name=output, **attrs))
+        outputs.update({name: [None, 8 // count] if count > 1 else _SQUEEZED.get(name, [None, 8]) for name in names})
+    shapes = {_X: [batch, 3], _H: [batch, 2], **{tensor(n): list(v.shape) for n, v in constants.items()},
+              **{name: [batch if d is None else d for d in shape] for name, shape in outputs.items()}}
+    return Graph(protos, shapes, {name: TensorProto.FLOAT for name in shapes}, input_names=[_X, _H],
+                 output_names=["pre:0", _H], is_subgraph=True)
+
+
+def no_slots(slot: int):
+    """Loop slot values for weight sources; every weight in these graphs is a constant."""
+    raise AssertionError(f"a constant weight asked for loop slot {slot}")
+
+
+@pytest.mark.parametrize("form", list(PRODUCT_FORMS))
+def test_every_product_form_reads_as_the_same_affine(form: str):
+    from tf2onnx_rnn.rewriters.body import BodyView
+
+    spec = PRODUCT_FORMS[form]
+    affine = BodyView(body_graph(spec.nodes, spec.constants, spec.batch)).affine(spec.read, _X, _H, frozenset())
+    np.testing.assert_allclose(affine.input_weight(no_slots), _W[:, spec.first_column:], rtol=1e-6)
+    np.testing.assert_allclose(affine.recurrent_weight(no_slots), _R[:, spec.first_column:], rtol=1e-6)
+    np.testing.assert_allclose(affine.bias()(no_slots), _B[spec.first_column:], rtol=1e-6)
+
+
+def test_products_that_are_not_x_times_a_weight_are_declined_with_a_reason():
+    from tf2onnx_rnn.rewriters.body import BodyView
+    from tf2onnx_rnn.rewriters.layer import NoMatch
+
+    transposed = body_graph([("Gemm", [_X, "W_t", "b"], "pre", dict(transA=1))], {"W_t": _W, "b": _B})
+    with pytest.raises(NoMatch, match="Gemm transposes its varying factor"):
+        BodyView(transposed).affine("pre:0", _X, _H, frozenset())
+    rows = np.stack([_B, _B + 1, _B])
+    uneven = body_graph([("Gemm", [_X, "W", "b_rows"], "pre", {})], {"W": _W, "b_rows": rows}, batch=3)
+    bias = BodyView(uneven).affine("pre:0", _X, _H, frozenset()).bias()
+    with pytest.raises(NoMatch, match="differs between batch rows"):
+        bias(no_slots)
 
 
 # -- the tests ---------------------------------------------------------------------------------------------
