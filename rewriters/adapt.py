@@ -7,6 +7,7 @@ through the :class:`BodyMatch`, so this module serves every kind.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from typing import Optional
 import numpy as np
 
@@ -51,6 +52,8 @@ def _mask_wiring(graph, loop, match: BodyMatch, direction: Direction) -> dict:
     if masking is None:
         return {}
     mask, mask_unreversed = _list_source(graph, loop, masking.mask_slot, "mask")
+    if _one_step(graph, mask):  # reversing one step is the identity, which TensorFlow may drop from either
+        mask_unreversed = None if direction is Direction.FORWARD else (mask_unreversed or mask)
     require((mask_unreversed is None) == (direction is Direction.FORWARD),
             "the mask and the input are not reversed alike", loop.name)
     require(_is_zero(graph, loop.input[masking.output_slot]),
@@ -144,8 +147,6 @@ def _list_source(graph, loop, slot: int, what: str):
     if producer is not None and producer.type in ("ReverseV2", "Reverse"):
         if _constant_list(graph, producer.input[1]) == [0]:
             return x, producer.input[0]
-    if _one_step(graph, x) and _backward_half(loop.name):
-        return x, x  # reversing one step is the identity, which TensorFlow's optimizer drops
     return x, None
 
 
@@ -155,9 +156,16 @@ def _one_step(graph, tensor: str) -> bool:
     return bool(shape) and shape[0] == 1
 
 
+def _reverses_nothing(graph, node) -> bool:
+    """A reversal along axes of static length one: the identity (whether or not TensorFlow dropped it)."""
+    if node.type not in ("ReverseV2", "Reverse"):
+        return False
+    shape, axes = graph.get_shape(node.input[0]), _constant_list(graph, node.input[1])
+    return bool(shape) and axes is not None and all(shape[axis] == 1 for axis in axes)
+
+
 def _backward_half(loop_name: str) -> bool:
-    """Whether a loop runs in a Bidirectional's backward layer, which Keras names backward_<layer>
-    (the only trace of its direction once a fixed one-step sequence lost its reversal)."""
+    """Whether a loop runs in a Bidirectional's backward layer, which Keras names backward_<layer>."""
     return any(scope.startswith("backward_") for scope in loop_name.split("/"))
 
 
@@ -285,7 +293,7 @@ def _shared_scopes(a: str, b: str) -> int:
 
 
 def _bidirectional(graph, a: Pass, b: Pass) -> RecurrentLayer:
-    forward, backward = (a, b) if a.direction is Direction.FORWARD else (b, a)
+    forward, backward = _halves(graph, a, b)
     return RecurrentLayer(x=forward.wiring.x, direction=NodeDirection.BIDIRECTIONAL, passes=(forward, backward),
                           mask=forward.wiring.mask, mask_key=_tensor_key(graph, forward.wiring.mask))
 
@@ -305,10 +313,30 @@ def _single(graph, one: Pass, assume_post_padded: bool) -> RecurrentLayer:
                           mask_key=_tensor_key(graph, wiring.mask))
 
 
+def _halves(graph, a: Pass, b: Pass):
+    """(forward, backward) of two passes that may be the halves of one bidirectional node, else None.
+
+    Over a fixed one-step sequence TensorFlow's optimizer drops a Bidirectional's reversals
+    (reversing one step is the identity), so both halves read as forward passes; the backward one
+    is then known by its layer's name (Keras names it backward_<layer>) and becomes a backward pass
+    over that same input.
+    """
+    if {a.direction, b.direction} == {Direction.FORWARD, Direction.BACKWARD}:
+        return (a, b) if a.direction is Direction.FORWARD else (b, a)
+    one_step_forward = all(p.direction is Direction.FORWARD and _one_step(graph, p.wiring.x) for p in (a, b))
+    named_backward = [p for p in (a, b) if _backward_half(p.loop)]
+    if not one_step_forward or len(named_backward) != 1:
+        return None
+    (backward,) = named_backward
+    wiring = replace(backward.wiring, x_unreversed=backward.wiring.x, mask_unreversed=backward.wiring.mask)
+    return (b if backward is a else a), replace(backward, direction=Direction.BACKWARD, wiring=wiring)
+
+
 def _pairs(graph, a: Pass, b: Pass, assume_post_padded: bool) -> bool:
-    if {a.direction, b.direction} != {Direction.FORWARD, Direction.BACKWARD}:
+    halves = _halves(graph, a, b)
+    if halves is None:
         return False
-    forward, backward = (a, b) if a.direction is Direction.FORWARD else (b, a)
+    forward, backward = halves
     same_shape = (a.kind, a.hidden_size, a.input_size, a.dtype, a.linear_before_reset) == \
         (b.kind, b.hidden_size, b.input_size, b.dtype, b.linear_before_reset)
     same_states = {r for r, _ in a.wiring.initial_states} == {r for r, _ in b.wiring.initial_states}
@@ -348,6 +376,8 @@ def _tensor_key(graph, tensor: Optional[str], depth: int = 8):
         return ("Const", str(value.dtype), value.shape, value.tobytes())
     if node.type not in _PURE_OPS:
         return (tensor,)
+    if _reverses_nothing(graph, node):
+        return _tensor_key(graph, node.input[0], depth - 1)
     attrs = tuple(sorted((key, repr(node.get_attr_value(key))) for key in node.attr if not key.startswith("_")))
     index = tensor.rsplit(":", 1)[-1]
     return (node.type, index, attrs, tuple(_tensor_key(graph, t, depth - 1) for t in node.input))
