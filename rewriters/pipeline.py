@@ -114,20 +114,23 @@ class RecurrentRewriter:
         if carried > max(kind.state_count for kind in CellKind):
             raise NoMatch(f"the loop carries {carried} states: several cells in one loop (StackedRNNCells) "
                           "are not fused", skeleton.y_t)
-        reasons = []
+        reasons = []  # (kind, reason, node, whether a fault of ours)
         for matcher in CELL_MATCHERS:
             try:
                 return matcher.match(view, skeleton)
             except NoMatch as no_match:
-                reasons.append((matcher.KIND, no_match))
+                reasons.append((matcher.KIND, f"not a {matcher.KIND.keras_name} cell: {no_match.reason}",
+                                no_match.node, False))
             except Exception as error:  # noqa: BLE001 - one matcher's bug must not stop the others
                 logger.debug("the %s matcher raised", matcher.KIND.value, exc_info=True)
-                reasons.append((matcher.KIND, NoMatch(f"internal error while matching: {_describe(error)}")))
-        # report first the matcher whose state count fits and whose kind the scope names
+                reasons.append((matcher.KIND, f"internal error while matching: {_describe(error)} "
+                                f"(in the {matcher.KIND.keras_name} matcher)", "", True))
+        # report first a matcher whose state count fits; among those, one that failed by a fault of
+        # ours (it may be why the loop stays: the report must say so), then the kind the scope names
         hint = _kind_hint(view.graph.graph_name + " " + skeleton.y_t)
-        reasons.sort(key=lambda item: (item[0].state_count != carried, item[0].keras_name != hint))
-        kind, first = reasons[0]
-        raise NoMatch(f"not a {kind.keras_name} cell: {first.reason}", first.node)
+        reasons.sort(key=lambda item: (item[0].state_count != carried, not item[3], item[0].keras_name != hint))
+        _, reason, node, _ = reasons[0]
+        raise NoMatch(reason, node)
 
     # -- phase 2 -------------------------------------------------------------------------
     def _replace_loops(self, graph, loops) -> None:
