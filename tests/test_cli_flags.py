@@ -724,10 +724,10 @@ BAD = [
 FIXTURES = ("image_file", "sequence_file", "sequence_saved_model", "functions_saved_model", "lgamma_saved_model")
 
 
-@pytest.mark.parametrize("case", BAD, ids=[case.id for case in BAD])
 _TF_CPP_LOG = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d")
 
 
+@pytest.mark.parametrize("case", BAD, ids=[case.id for case in BAD])
 def test_bad_flag_exits_2_with_one_error_line(case, request, tmp_path, capfd):
     paths = {name: request.getfixturevalue(name).path for name in FIXTURES if "{" + name + "}" in " ".join(case.argv)}
     output = tmp_path / "model.onnx"
