@@ -68,7 +68,8 @@ class RecurrentRewriter:
         self.report = report
         self.assume_post_padded = assume_post_padded
         self.layer_of = layer_of or (lambda loop: None)
-        self.bodies: dict[str, Union[BodyMatch, NoMatch]] = {}
+        # body name -> its match, why none matched, or (a str) the internal error that stopped matching
+        self.bodies: dict[str, Union[BodyMatch, NoMatch, str]] = {}
         self.recorded: set = set()
 
     def __call__(self, graph, ops):
@@ -90,7 +91,7 @@ class RecurrentRewriter:
             entry = self._match_body(graph)
         except Exception as error:  # noqa: BLE001 - a bug must not abort the conversion: keep the Loop
             logger.debug("matching %s raised", name, exc_info=True)
-            entry = NoMatch(f"internal error while matching: {_describe(error)}")
+            entry = f"internal error while matching: {_describe(error)}"  # a plain reason: nothing more can fail
         self.bodies[name] = entry
         if isinstance(entry, BodyMatch):
             # the loop is ours: keep tf2onnx's own LSTM/GRU rewriters off it
@@ -136,31 +137,48 @@ class RecurrentRewriter:
     def _replace_loops(self, graph, loops) -> None:
         passes = []
         for loop in loops:
-            one = self._guarded("reading the loop", [self._loop_id(loop)], lambda: self._read_pass(graph, loop))
+            one = self._guarded("reading the loop", [loop], lambda: self._read_pass(graph, loop))
             if one is not None:
                 passes.append(one)
         layers = self._guarded("pairing directions", [], lambda: plan_nodes(graph, passes, self.assume_post_padded))
         if layers is None:  # pairing is an optimisation: without it every pass is its own node
             layers = [layer for one in passes for layer in self._guarded(
-                "planning the node", [self._pass_id(one)],
-                lambda one=one: plan_nodes(graph, [one], self.assume_post_padded)) or []]
+                "planning the node", [one], lambda one=one: plan_nodes(graph, [one], self.assume_post_padded)) or []]
         context = EmitContext(assume_post_padded=self.assume_post_padded)
         for layer in layers:
-            self._guarded("emitting", [self._pass_id(one) for one in layer.passes],
-                          lambda layer=layer: self._emit(graph, layer, context))
+            self._guarded("emitting", layer.passes, lambda layer=layer: self._emit(graph, layer, context))
 
-    def _guarded(self, stage: str, ids: Sequence[LoopId], work: Callable):
-        """``work()``, or None after recording a fault of ours for the loops in ``ids``."""
+    def _guarded(self, stage: str, subjects: Sequence, work: Callable):
+        """``work()``, or None after recording a fault of ours for ``subjects`` (loop nodes or passes).
+
+        Everything that can fail for a loop runs in here, its report row included: a fault
+        stays with the loops it concerns, and the other loops of the graph go on.
+        """
         try:
             return work()
         except Exception as error:  # noqa: BLE001 - never abort the conversion
             reason = f"internal error while {stage}: {_describe(error)}"
             logger.debug("%s", reason, exc_info=True)
-            if not ids:
+            if not subjects:
                 logger.warning("recurrent rewriter: %s", reason)
-            for one in ids:
-                self._record_loop(one, reason)
+            for subject in subjects:
+                self._record_fault(subject, reason)
             return None
+
+    def _record_fault(self, subject, reason: str) -> None:
+        """Record ``reason`` for a loop node or a pass; when naming the loop fails too, with only
+        what its node name tells (the row must not be lost to a second fault)."""
+        loop = subject.loop if isinstance(subject, Pass) else subject.name
+        try:
+            self._record_loop(self._pass_id(subject) if isinstance(subject, Pass) else self._loop_id(subject), reason)
+        except Exception:  # noqa: BLE001 - record it plainly below
+            logger.debug("recording %s raised", loop, exc_info=True)
+            if loop not in self.recorded:
+                self.recorded.add(loop)
+                layer = self.layer_of(loop) or loop
+                self.report.add(LoopOutcome(loop=loop, layer=layer, kind="unknown", direction="", became="Loop",
+                                            reason=reason))
+                logger.warning("%s: stays a Loop: %s", layer, reason)
 
     def _loop_id(self, loop) -> LoopId:
         body = loop.get_attr_str("body")
@@ -177,6 +195,9 @@ class RecurrentRewriter:
         if entry is None:
             return None  # a body with no TensorList reads: not a recurrent layer, nothing to report
         loop_id = self._loop_id(loop)
+        if isinstance(entry, str):
+            self._record_loop(loop_id, entry)
+            return None
         if isinstance(entry, NoMatch):
             self._record_loop(loop_id, entry.reason, entry.node)
             return None
