@@ -20,7 +20,8 @@ model at batch 1 with one step per call:
 Both GRU modes (``reset_after`` True and False), ``go_backwards``, ``return_sequences`` and
 ``return_state`` are spread over the layers. Each model is converted through the API
 (``convert_keras(model, input_signature=...)``) and through a SavedModel exported with the
-same fixed signature (``convert_saved_model``). One test per (road, flavor, signature, model)
+same fixed signature (``convert_saved_model``), and a few cases through the CLI, whose ``--inputs``
+fixes a SavedModel exported with a dynamic signature. One test per (road, flavor, signature, model)
 checks, and reports together: one native node per Keras layer (a Bidirectional = one
 ``bidirectional`` node), no Loop/Scan anywhere, every recurrent loop in the report fused into
 the node it names, masked nodes fed a ``sequence_lens`` computed from the model input, and
@@ -204,6 +205,8 @@ def converted(road: str, flavor: str, case: Case, tmp_path_factory) -> Conversio
             entry.model = build(flavor, case.model)
             if road == "api":
                 entry.proto, entry.output_names = _through_api(entry.model, case)
+            elif road == "cli":
+                entry.proto, entry.output_names = _through_cli(entry.model, flavor, case, tmp_path_factory)
             else:
                 directory = tmp_path_factory.mktemp(f"saved-{flavor}-{case.id}")
                 entry.proto, entry.output_names = _through_saved_model(entry.model, case, str(directory))
@@ -224,23 +227,46 @@ def _through_api(model, case: Case):
     return proto, tuple(o.name for o in proto.graph.output)
 
 
-def _through_saved_model(model, case: Case, directory: str):
-    """Export ``model`` behind a tf.function with the case's fixed signature, then convert the
-    SavedModel. Outputs are keyed ``out_NN`` in Keras's order."""
+def export(model, signature, directory: str) -> None:
+    """Save ``model`` behind a tf.function with ``signature``; outputs keyed ``out_NN`` in Keras's order."""
     import tensorflow as tf
-
-    from tf2onnx_rnn import convert_saved_model
 
     module = tf.Module()
     module.weights = list(model.weights)  # only the variables: saving the Keras objects is slow
 
-    @tf.function(input_signature=case.signature())
+    @tf.function(input_signature=signature)
     def serve(x):
         return {f"out_{i:02d}": y for i, y in enumerate(flatten(model(x, training=False)))}
 
     module.serve = serve
     tf.saved_model.save(module, directory, signatures={"serving_default": serve.get_concrete_function()})
+
+
+def _through_saved_model(model, case: Case, directory: str):
+    """A SavedModel exported with the case's fixed signature, converted as it is."""
+    from tf2onnx_rnn import convert_saved_model
+
+    export(model, case.signature(), directory)
     proto = convert_saved_model(directory)
+    return proto, tuple(sorted(o.name for o in proto.graph.output))
+
+
+def _through_cli(model, flavor: str, case: Case, tmp_path_factory):
+    """A SavedModel exported with a dynamic signature, fixed on the command line as tf2onnx users
+    type it (``--inputs x:0[1,7,F]``, ``-1`` for a dynamic dimension)."""
+    import onnx
+    import tensorflow as tf
+
+    from tf2onnx_rnn import convert
+
+    directory = tmp_path_factory.mktemp(f"cli-{flavor}-{case.id}")
+    export(model, [tf.TensorSpec((None, None, FEATURES), tf.float32, name="x")], str(directory / "saved"))
+    shape = ",".join(str(d if d is not None else -1) for d in (case.batch, case.time, FEATURES))
+    output = directory / "model.onnx"
+    code = convert.main(["--saved-model", str(directory / "saved"), "--output", str(output), "--inputs", f"x:0[{shape}]"])
+    if code != 0:
+        raise AssertionError(f"the CLI exited {code}")
+    proto = onnx.load(str(output))
     return proto, tuple(sorted(o.name for o in proto.graph.output))
 
 
@@ -470,3 +496,12 @@ SAVED_MODEL_CASES = [Case("masked", 1, None), Case("plain", 3, 7)]
                          [pytest.param(f, c, id=f"{f}-{c.id}") for f in parity.FLAVORS for c in SAVED_MODEL_CASES])
 def test_fixed_signature_through_a_saved_model(flavor: str, case: Case, tmp_path_factory):
     check(converted("saved_model", flavor, case, tmp_path_factory), "saved_model", flavor, case)
+
+
+# the CLI's --inputs fixes a dynamic SavedModel: batch 1 with fixed time (masked) and with dynamic time
+CLI_CASES = [Case("masked", 1, 7), Case("plain", 1, None)]
+
+
+@pytest.mark.parametrize("flavor, case", [pytest.param(f, c, id=f"{f}-{c.id}") for f in parity.FLAVORS for c in CLI_CASES])
+def test_fixed_signature_through_the_cli(flavor: str, case: Case, tmp_path_factory):
+    check(converted("cli", flavor, case, tmp_path_factory), "cli", flavor, case)
