@@ -41,7 +41,7 @@ def build_pass(graph, loop, match: BodyMatch, name: str) -> Pass:
     direction = Direction.FORWARD if x_unreversed is None else Direction.BACKWARD
     outputs = _outputs(graph, loop, match, direction)
     return Pass(loop=loop.name, name=name, kind=match.kind, direction=direction,
-                activations=match.activations, linear_before_reset=match.linear_before_reset,
+                activations=match.activations, attributes=match.attributes,
                 wiring=Wiring(x=x, x_unreversed=x_unreversed, initial_states=_initial_states(graph, loop, match),
                               **outputs, **_mask_wiring(graph, loop, match, direction)),
                 **_gate_weights(graph, loop, match))
@@ -337,8 +337,8 @@ def _pairs(graph, a: Pass, b: Pass, assume_post_padded: bool) -> bool:
     if halves is None:
         return False
     forward, backward = halves
-    same_shape = (a.kind, a.hidden_size, a.input_size, a.dtype, a.linear_before_reset) == \
-        (b.kind, b.hidden_size, b.input_size, b.dtype, b.linear_before_reset)
+    same_shape = (a.kind, a.hidden_size, a.input_size, a.dtype, a.attributes) == \
+        (b.kind, b.hidden_size, b.input_size, b.dtype, b.attributes)
     same_states = {r for r, _ in a.wiring.initial_states} == {r for r, _ in b.wiring.initial_states}
     same_mask = ((forward.wiring.mask is None) == (backward.wiring.mask is None)
                  and _tensor_key(graph, forward.wiring.mask) == _tensor_key(graph, backward.wiring.mask_unreversed))

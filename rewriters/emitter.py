@@ -53,8 +53,7 @@ def _attributes(layer: RecurrentLayer) -> dict:
         attrs["activation_alpha"] = [float(a) for a in alphas]
     if betas:
         attrs["activation_beta"] = [float(b) for b in betas]
-    if first.kind.onnx_op == "GRU":
-        attrs["linear_before_reset"] = int(first.linear_before_reset)
+    attrs.update(first.attributes)  # the family's own (paired passes have the same)
     return attrs
 
 

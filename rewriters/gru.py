@@ -11,7 +11,7 @@ from __future__ import annotations
 from .body import BodyView, Skeleton, Term
 from .layer import BodyMatch, CellKind, GateForm, NoMatch, StateRole, require
 
-KIND = CellKind.GRU
+KIND = CellKind(keras_name="GRU", onnx_op="GRU", scope_hint="gru", state_roles=(StateRole.HIDDEN,))
 
 
 def match(view: BodyView, skeleton: Skeleton) -> BodyMatch:
@@ -68,7 +68,7 @@ def match(view: BodyView, skeleton: Skeleton) -> BodyMatch:
         states=((StateRole.HIDDEN, h_slot),),
         input_slot=skeleton.input_slot, output_slot=skeleton.output_slot,
         output_every_step=skeleton.output_every_step,
-        linear_before_reset=reset_after)
+        attributes=(("linear_before_reset", int(reset_after)),))
 
 
 def _is_one_minus(view: BodyView, tensor: str, z: str) -> bool:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -28,49 +28,31 @@ def require(condition: bool, reason: str, node: str = "") -> None:
         raise NoMatch(reason, node)
 
 
-class CellKind(enum.Enum):
-    LSTM = "LSTM"
-    GRU = "GRU"
-    SIMPLE_RNN = "RNN"
-
-    @property
-    def onnx_op(self) -> str:
-        return self.value
-
-    @property
-    def keras_name(self) -> str:
-        """The Keras layer this cell kind comes from, as the report names it."""
-        return {"LSTM": "LSTM", "GRU": "GRU", "RNN": "SimpleRNN"}[self.value]
-
-    @property
-    def scope_hint(self) -> str:
-        """What Keras's scopes for this kind contain (lstm_cell, gru_1, simple_rnn...)."""
-        return {"LSTM": "lstm", "GRU": "gru", "RNN": "simple_rnn"}[self.value]
-
-    @property
-    def gate_count(self) -> int:
-        return {"LSTM": 4, "GRU": 3, "RNN": 1}[self.value]
-
-    @property
-    def state_count(self) -> int:
-        return len(self.state_roles)
-
-    @property
-    def state_roles(self) -> tuple:
-        """The states in ONNX order (initial_h, initial_c)."""
-        return (StateRole.HIDDEN, StateRole.CELL) if self is CellKind.LSTM else (StateRole.HIDDEN,)
-
-
-class Direction(enum.Enum):
-    FORWARD = "forward"
-    BACKWARD = "backward"  # Keras go_backwards: steps run last to first, outputs stay in that order
-
-
 class StateRole(enum.Enum):
     """What a loop-carried value of a recurrent body is."""
 
     HIDDEN = "h"
     CELL = "c"  # LSTM only
+
+
+@dataclass(frozen=True)
+class CellKind:
+    """A cell family's facts. Each cell module (``lstm``, ``gru``, ``simple_rnn``) defines its own
+    ``KIND`` beside its matcher; nothing else in the package lists the families."""
+
+    keras_name: str  # the Keras layer, as the report names it (SimpleRNN)
+    onnx_op: str  # the ONNX node it becomes (RNN)
+    scope_hint: str  # what Keras's scopes for this family contain (lstm_cell, gru_1, simple_rnn...)
+    state_roles: tuple[StateRole, ...]  # the states in ONNX order (initial_h, initial_c)
+
+    @property
+    def state_count(self) -> int:
+        return len(self.state_roles)
+
+
+class Direction(enum.Enum):
+    FORWARD = "forward"
+    BACKWARD = "backward"  # Keras go_backwards: steps run last to first, outputs stay in that order
 
 
 @dataclass(frozen=True)
@@ -85,6 +67,10 @@ class Activation:
         params = [f"{k}={v:g}" for k, v in (("alpha", self.alpha), ("beta", self.beta)) if v is not None]
         return f"{self.name}({', '.join(params)})" if params else self.name
 
+
+# ONNX attributes of one family's node beyond those every recurrent node has (GRU's
+# linear_before_reset): (name, value) pairs, set by the matcher that knows them.
+OpAttributes = tuple[tuple[str, Any], ...]
 
 # A weight in a loop body: a function that, given the values of the loop's inputs
 # (slot -> array), returns the array. Matchers build these; adapters call them.
@@ -134,11 +120,8 @@ class BodyMatch:
     input_slot: int  # the TensorList that feeds x_t
     output_slot: int  # the TensorList written with h_t
     output_every_step: bool  # written at the time index (all steps) or at a fixed index (last only)
-    linear_before_reset: bool = False  # GRU only
+    attributes: OpAttributes = ()  # the family's own ONNX attributes for this layer
     masking: Optional[Masking] = None
-
-    def slot_of(self, role: StateRole) -> int:
-        return dict(self.states)[role]
 
 
 @dataclass(frozen=True)
@@ -170,7 +153,7 @@ class Pass:
     hidden_size: int
     input_size: int
     dtype: np.dtype
-    linear_before_reset: bool  # GRU only
+    attributes: OpAttributes  # the family's own ONNX attributes (GRU: linear_before_reset)
     W: np.ndarray  # [G*H, F], ONNX gate order
     R: np.ndarray  # [G*H, H]
     B: np.ndarray  # [2*G*H] = [Wb, Rb]

@@ -18,11 +18,11 @@ from dataclasses import dataclass, replace
 from typing import Callable, Optional, Sequence, Union
 
 from ..report import ConversionReport, LoopOutcome
-from . import CELL_MATCHERS
+from . import cell_kinds, cell_matchers
 from .adapt import build_pass, layer_name, plan_nodes
 from .body import BodyView, read_skeleton, unmask
 from .emitter import EmitContext, emit
-from .layer import BodyMatch, CellKind, NoMatch, Pass
+from .layer import BodyMatch, NoMatch, Pass
 
 logger = logging.getLogger("tf2onnx_rnn")
 
@@ -32,7 +32,7 @@ _LOOP_TYPES = ("While", "StatelessWhile")
 def _kind_hint(name: str) -> str:
     """The Keras layer kind a scope name suggests, for loops no matcher took."""
     lowered = name.lower()
-    return next((kind.keras_name for kind in CellKind if kind.scope_hint in lowered), "unknown")
+    return next((kind.keras_name for kind in cell_kinds() if kind.scope_hint in lowered), "unknown")
 
 
 def _describe(error: Exception) -> str:
@@ -112,18 +112,18 @@ class RecurrentRewriter:
     @staticmethod
     def _match_cell(view: BodyView, skeleton) -> BodyMatch:
         carried = len(skeleton.state_inputs)
-        if carried > max(kind.state_count for kind in CellKind):
+        if carried > max(kind.state_count for kind in cell_kinds()):
             raise NoMatch(f"the loop carries {carried} states: several cells in one loop (StackedRNNCells) "
                           "are not fused", skeleton.y_t)
         reasons = []  # (kind, reason, node, whether a fault of ours)
-        for matcher in CELL_MATCHERS:
+        for matcher in cell_matchers():
             try:
                 return matcher.match(view, skeleton)
             except NoMatch as no_match:
                 reasons.append((matcher.KIND, f"not a {matcher.KIND.keras_name} cell: {no_match.reason}",
                                 no_match.node, False))
             except Exception as error:  # noqa: BLE001 - one matcher's bug must not stop the others
-                logger.debug("the %s matcher raised", matcher.KIND.value, exc_info=True)
+                logger.debug("the %s matcher raised", matcher.KIND.keras_name, exc_info=True)
                 reasons.append((matcher.KIND, f"internal error while matching: {_describe(error)} "
                                 f"(in the {matcher.KIND.keras_name} matcher)", "", True))
         # report first a matcher whose state count fits; among those, one that failed by a fault of

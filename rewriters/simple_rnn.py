@@ -8,7 +8,7 @@ from __future__ import annotations
 from .body import BodyView, Skeleton
 from .layer import BodyMatch, CellKind, GateForm, StateRole, require
 
-KIND = CellKind.SIMPLE_RNN
+KIND = CellKind(keras_name="SimpleRNN", onnx_op="RNN", scope_hint="simple_rnn", state_roles=(StateRole.HIDDEN,))
 
 
 def match(view: BodyView, skeleton: Skeleton) -> BodyMatch:

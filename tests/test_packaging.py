@@ -15,8 +15,11 @@ LEAKS = ("tf2onnx_rnn.tf2onnx_rnn", "tf2onnx_rnn.tests", "tf2onnx_rnn.examples",
 PROBE = ("import importlib.util, json, pkgutil, tf2onnx_rnn, tf2onnx_rnn.rewriters as r; "
          f"leaks = [n for n in {LEAKS!r} if importlib.util.find_spec(n) is not None]; "
          "packages = sorted(m.name for m in pkgutil.iter_modules(tf2onnx_rnn.__path__) if m.ispkg); "
-         "print(json.dumps([r.__name__, r.CELL_MATCHERS[0].__name__, "
+         "print(json.dumps([r.__name__, [m.__name__ for m in r.cell_matchers()], "
          "str(importlib.util.find_spec('rewriters')), r.__file__, leaks, packages]))")
+
+# the cell modules found by the package's own discovery, under the installed name
+MATCHERS = [f"tf2onnx_rnn.rewriters.{name}" for name in ("gru", "lstm", "simple_rnn")]
 
 
 def _only_rewriters(leaks, packages):
@@ -37,8 +40,8 @@ def _probe(env=None, cwd="/", isolated=False):
 
 def test_installed_environment_maps_rewriters_into_the_package():
     """The environment the suite runs in (an editable install, by the README's second command)."""
-    name, first_matcher, top_level, _, leaks, packages = _probe()
-    assert (name, first_matcher, top_level) == ("tf2onnx_rnn.rewriters", "tf2onnx_rnn.rewriters.lstm", "None")
+    name, matchers, top_level, _, leaks, packages = _probe()
+    assert (name, matchers, top_level) == ("tf2onnx_rnn.rewriters", MATCHERS, "None")
     _only_rewriters(leaks, packages)
 
 
@@ -49,8 +52,8 @@ def test_regular_install_has_the_same_layout(tmp_path):
     assert (target / "tf2onnx_rnn" / "rewriters" / "lstm.py").is_file()
     assert not (target / "rewriters").exists()
     env = dict(os.environ, PYTHONPATH=str(target), PYTHONNOUSERSITE="1")
-    name, first_matcher, top_level, location, leaks, packages = _probe(env, isolated=True)
-    assert (name, first_matcher, top_level) == ("tf2onnx_rnn.rewriters", "tf2onnx_rnn.rewriters.lstm", "None")
+    name, matchers, top_level, location, leaks, packages = _probe(env, isolated=True)
+    assert (name, matchers, top_level) == ("tf2onnx_rnn.rewriters", MATCHERS, "None")
     assert location.startswith(str(target)), f"imported {location}, not the regular install"
     _only_rewriters(leaks, packages)
 
@@ -62,8 +65,8 @@ def test_regular_install_run_from_the_checkout(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
                     "--target", str(target), ROOT], check=True, capture_output=True)
     env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{target}", PYTHONNOUSERSITE="1")
-    name, first_matcher, _, location, leaks, packages = _probe(env, cwd=ROOT, isolated=True)
-    assert (name, first_matcher) == ("tf2onnx_rnn.rewriters", "tf2onnx_rnn.rewriters.lstm")
+    name, matchers, _, location, leaks, packages = _probe(env, cwd=ROOT, isolated=True)
+    assert (name, matchers) == ("tf2onnx_rnn.rewriters", MATCHERS)
     assert os.path.samefile(location, os.path.join(ROOT, "rewriters", "__init__.py"))
     _only_rewriters(leaks, packages)
 
@@ -72,7 +75,7 @@ def test_source_checkout_without_any_install():
     """Only the checkout on the path (dependencies from site-packages, no tf2onnx_rnn installed there)."""
     env = dict(os.environ, PYTHONPATH=ROOT, PYTHONNOUSERSITE="1")
     # (a top-level "rewriters" is importable here only because the checkout itself is on the path)
-    name, first_matcher, _, location, leaks, packages = _probe(env, cwd=ROOT, isolated=True)
-    assert (name, first_matcher) == ("tf2onnx_rnn.rewriters", "tf2onnx_rnn.rewriters.lstm")
+    name, matchers, _, location, leaks, packages = _probe(env, cwd=ROOT, isolated=True)
+    assert (name, matchers) == ("tf2onnx_rnn.rewriters", MATCHERS)
     assert os.path.samefile(location, os.path.join(ROOT, "rewriters", "__init__.py"))
     _only_rewriters(leaks, packages)

@@ -20,7 +20,6 @@ logger = logging.getLogger("tf2onnx_rnn")
 
 _WHILE_OPS = ("While", "StatelessWhile")
 _RECURRENT_OPS = ("LSTM", "GRU", "RNN")
-_KIND_HINTS = (("lstm", "LSTM"), ("gru", "GRU"), ("simple_rnn", "SimpleRNN"))
 
 
 @dataclass(frozen=True)
@@ -32,8 +31,21 @@ class RecurrentLoop:
 
     @property
     def kind_hint(self) -> str:
+        """The Keras layer kind the loop's scopes suggest (lstm_1 -> LSTM), "unknown" when none does."""
         lowered = (self.name + " " + self.body).lower()
-        return next((kind for hint, kind in _KIND_HINTS if hint in lowered), "unknown")
+        return next((kind.keras_name for kind in _cell_kinds() if kind.scope_hint in lowered), "unknown")
+
+
+def _cell_kinds() -> tuple:
+    """The cell families of the rewriter package; none when even listing them fails (the
+    reconciliation must hold whatever state the rewriter package is in)."""
+    try:
+        from .rewriters import cell_kinds
+
+        return cell_kinds()
+    except Exception:  # noqa: BLE001 - the rows are still written, their kind "unknown"
+        logger.debug("listing the cell families raised", exc_info=True)
+        return ()
 
 
 def recurrent_loops(graph_def) -> list:
