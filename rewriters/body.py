@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
 import numpy as np
+from onnx import TensorProto
 
 from .activations import identify
 from .evaluate import ELEMENTWISE_OPS, NotEvaluable, evaluate
@@ -461,7 +462,7 @@ def read_skeleton(view: BodyView) -> Skeleton:
         slot = view.slot_of(read.input[0])
         require(slot is not None, "a TensorList read comes from inside the loop", read.name)
         dtype = graph.get_dtype(read.output[0])
-        (masks if dtype == 9 else values).append((slot, read.output[0]))  # 9: onnx BOOL
+        (masks if dtype == TensorProto.BOOL else values).append((slot, read.output[0]))  # a bool list is the mask
     require(len(values) == 1, f"the loop reads {len(values)} float sequences, a recurrent layer reads one")
     require(len(masks) <= 1, "the loop reads more than one mask")
     input_slot, x_t = values[0]

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
+import numbers
 import os
 import shutil
 import tempfile
@@ -20,6 +22,7 @@ import numpy as np
 import onnx
 
 from .errors import ConversionError, VerificationError, first_line
+from .reconcile import graph_nodes, reconcile, recurrent_loops
 from .report import ConversionReport
 
 logger = logging.getLogger("tf2onnx_rnn")
@@ -606,6 +609,13 @@ def convert_saved_model(path: str, output_path: Optional[str] = None, opset: Opt
     return conversion.model_proto
 
 
+def check_tolerance(tolerance) -> None:
+    """The verification tolerance: a finite number >= 0."""
+    if isinstance(tolerance, bool) or not isinstance(tolerance, numbers.Real) or not math.isfinite(tolerance) \
+            or tolerance < 0:
+        raise ConversionError(f"tolerance must be a finite number >= 0, got {tolerance!r}")
+
+
 def run(*, keras_model=None, saved_model: Optional[str] = None, input_signature=None,
         signature_def: Optional[str] = None, tag: Optional[str] = None, concrete_function: Optional[int] = None,
         output_path: Optional[str] = None, verify: bool = False, tolerance: float = 1e-4,
@@ -615,6 +625,7 @@ def run(*, keras_model=None, saved_model: Optional[str] = None, input_signature=
     bad input and :class:`VerificationError` when verification fails (nothing is written then)."""
     if (keras_model is None) == (saved_model is None):
         raise ConversionError("give one source: keras_model or saved_model")
+    check_tolerance(tolerance)
     check_source_options(keras=keras_model is not None, signature_def=signature_def, tag=tag,
                          concrete_function=concrete_function, input_signature=input_signature)
     if output_path:
@@ -663,7 +674,6 @@ def _convert(source: Frozen, options: Options) -> Conversion:
     from tf2onnx import convert as tf2onnx_convert
 
     from . import handlers
-    from .reconcile import reconcile, recurrent_loops
     from .rewriters.pipeline import make_rewriter
 
     handlers.ensure_registered()
@@ -852,18 +862,11 @@ def unconverted_ops(model_proto: onnx.ModelProto) -> list:
     what tf2onnx left unconverted."""
     domains = {o.domain for o in model_proto.opset_import}
     missing = set()
-
-    def walk(graph):
-        for node in graph.node:
-            if node.domain in ("", "ai.onnx") and not onnx.defs.has(node.op_type, ""):
-                missing.add(node.op_type)
-            elif node.domain not in domains and node.domain not in ("", "ai.onnx"):
-                missing.add(f"{node.domain}.{node.op_type}")
-            for attr in node.attribute:
-                for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
-                    walk(sub)
-
-    walk(model_proto.graph)
+    for node in graph_nodes(model_proto.graph):
+        if node.domain in ("", "ai.onnx") and not onnx.defs.has(node.op_type, ""):
+            missing.add(node.op_type)
+        elif node.domain not in domains and node.domain not in ("", "ai.onnx"):
+            missing.add(f"{node.domain}.{node.op_type}")
     return sorted(missing)
 
 

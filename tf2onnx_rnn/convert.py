@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import os
 import re
 import sys
@@ -41,12 +40,14 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _tolerance(text: str) -> float:
+    """A number, checked by the API's own rule at once (before TensorFlow's slow import)."""
     try:
         value = float(text)
+        api.check_tolerance(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    except ConversionError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
     return value
 
 
