@@ -2,14 +2,15 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Optional
 
 import numpy as np
 from onnx import TensorProto, helper
 from tf2onnx import utils
 from tf2onnx.graph_builder import GraphBuilder
 
-from .layer import Direction, MaskedOutput, NodeDirection, RecurrentLayer, StateRole
+from .layer import Direction, MaskedOutput, NoMatch, NodeDirection, RecurrentLayer, StateRole
 
 
 class Slot(enum.IntEnum):
@@ -57,11 +58,122 @@ def _attributes(layer: RecurrentLayer) -> dict:
     return attrs
 
 
+class StateWiring:
+    """How a layer's recurrent states meet the model: the states the model itself gives and uses.
+
+    A wiring variant of the one emitter; :class:`StreamedStates` is the other. The emitter asks
+    the variant three things: the layer as the node will see it, what a carried output starts
+    from, and what to add once the node is built.
+    """
+
+    def prepare(self, graph, layer: RecurrentLayer) -> RecurrentLayer:
+        """``layer`` as the node is built from it."""
+        return layer
+
+    def carried_start(self, emission: "_Emission", index: int) -> Optional[str]:
+        """[B, H]: what a masked pass's carried output is before its first kept step (None: zeros,
+        as Keras starts every call)."""
+        return None
+
+    def finish(self, emission: "_Emission", node) -> tuple:
+        """Add what the variant needs around the built node; returns the :class:`StateIO` it added."""
+        return ()
+
+
+MODEL_STATES = StateWiring()
+
+
+@dataclass(frozen=True)
+class StateIO:
+    """One recurrent state of a streamed layer as the model's input and output."""
+
+    role: StateRole
+    input: str  # graph input the layer starts from ("" when the model gives that state itself)
+    output: str  # graph output: the state the layer ends with
+
+
+class StreamedStates(StateWiring):
+    """Streaming: every state is a graph input ``<layer>/h_in`` (``c_in``) the layer starts from and
+    a graph output ``<layer>/h_out`` (``c_out``) it ends with, [batch, units]. Feeding each call's
+    outputs as the next call's inputs runs a sequence chunk by chunk exactly as whole.
+
+    A state the model computes from its own inputs (``initial_state=``) stays the model's; a
+    constant one (zero, or a stateful layer's stored state, frozen) becomes the input. Only
+    forward passes of the main graph stream: a backward pass needs the future.
+    """
+
+    def prepare(self, graph, layer: RecurrentLayer) -> RecurrentLayer:
+        if layer.direction is not NodeDirection.FORWARD or layer.first.direction is not Direction.FORWARD:
+            raise NoMatch("cannot stream: a backward pass (Bidirectional or go_backwards) needs the whole "
+                          "sequence")
+        if graph.parent_graph is not None:
+            raise NoMatch("cannot stream: the layer runs inside another loop")
+        one = layer.first
+        given = dict(one.wiring.initial_states)
+        states = []
+        for role in one.kind.state_roles:
+            tensor = given.get(role)
+            if tensor is not None and not _is_constant(graph, tensor):
+                states.append((role, tensor))
+                continue
+            name = self.name(one.name, role, "in")
+            require_free(graph, name)
+            graph.add_graph_input(name, helper.np_dtype_to_tensor_dtype(np.dtype(one.dtype)),
+                                  [_batch_of(graph, layer.x), one.hidden_size])
+            states.append((role, name))
+        streamed = replace(one, wiring=replace(one.wiring, initial_states=tuple(states)))
+        return replace(layer, passes=(streamed,))
+
+    def carried_start(self, emission: "_Emission", index: int) -> Optional[str]:
+        # in a whole sequence a masked step repeats the last kept step's output, which is the state
+        # carried in (zero only where the stream starts)
+        tensor = dict(emission.layer.passes[index].wiring.initial_states).get(StateRole.HIDDEN)
+        return tensor if tensor == self.name(emission.layer.name, StateRole.HIDDEN, "in") else None
+
+    def finish(self, emission: "_Emission", node) -> tuple:
+        one, graph = emission.layer.first, emission.graph
+        given = dict(one.wiring.initial_states)
+        added = []
+        for role in one.kind.state_roles:
+            name = self.name(one.name, role, "out")
+            require_free(graph, name)
+            graph.make_node("Identity", [emission.final_state(node, 0, role)], outputs=[name])
+            graph.add_graph_output(name, helper.np_dtype_to_tensor_dtype(np.dtype(one.dtype)),
+                                   [_batch_of(graph, emission.layer.x), one.hidden_size])
+            streamed_in = self.name(one.name, role, "in")
+            added.append(StateIO(role, streamed_in if given.get(role) == streamed_in else "", name))
+        return tuple(added)
+
+    @staticmethod
+    def name(layer: str, role: StateRole, end: str) -> str:
+        return f"{layer}/{role.value}_{end}"
+
+
+def require_free(graph, name: str) -> None:
+    """A streamed state's name must not be taken (two layers of one name, or a model tensor)."""
+    if graph.get_node_by_output(name) is not None:
+        raise NoMatch(f"cannot stream: the name {name} is already taken in the graph")
+
+
+def _is_constant(graph, tensor: str) -> bool:
+    node = graph.get_node_by_output(tensor)
+    while node is not None and node.type == "Identity":
+        node = graph.get_node_by_output(node.input[0])
+    return node is not None and node.is_const()
+
+
+def _batch_of(graph, x: str) -> int:
+    """The batch size of a time-major input [T, B, F], -1 when dynamic."""
+    shape = graph.get_shape(x) or []
+    return shape[1] if len(shape) == 3 and shape[1] is not None and shape[1] > 0 else -1
+
+
 @dataclass
 class EmitContext:
     """What the emissions into one graph share."""
 
     assume_post_padded: bool = False  # skip compacting masked steps (exact only for post-padded masks)
+    states: StateWiring = MODEL_STATES  # how the layers' states meet the model (streaming or not)
     renamed: dict = field(default_factory=dict)  # tensors replaced by earlier emissions -> replacements
     masks: dict = field(default_factory=dict)  # mask key -> _MaskTensors, so layers share one computation
 
@@ -90,7 +202,8 @@ class _MaskTensors:
 
     def __init__(self, graph, mask: str, float_type: np.dtype):
         self.graph, self.builder = graph, GraphBuilder(graph)
-        self.float_type = helper.np_dtype_to_tensor_dtype(np.dtype(float_type))
+        self.float_type_np = np.dtype(float_type)
+        self.float_type = helper.np_dtype_to_tensor_dtype(self.float_type_np)
         self._cache: dict = {}
         if len(graph.get_shape(mask) or []) == 3:
             mask = self.builder.make_squeeze({"data": mask, "axes": [2]})
@@ -173,10 +286,15 @@ class _MaskTensors:
         """[T, B, F] -> the same with each row's kept steps moved to the front, in order."""
         return self.op("Gather", [self.op("Flatten", [x], axis=2), self.compaction_rows], axis=0)
 
-    def restore(self, y: str, output: MaskedOutput) -> str:
-        """[T, B, H] outputs at compacted positions -> Keras's outputs at every step."""
+    def restore(self, y: str, output: MaskedOutput, start: Optional[str] = None) -> str:
+        """[T, B, H] outputs at compacted positions -> Keras's outputs at every step; a carried
+        output is ``start`` ([B, H], zeros when None) before each row's first kept step."""
         spread = self.op("Gather", [self.op("Flatten", [y], axis=2), self.source_rows], axis=0)
-        return self.op("Mul", [spread, self.kept if output is MaskedOutput.ZERO else self.started])
+        restored = self.op("Mul", [spread, self.kept if output is MaskedOutput.ZERO else self.started])
+        if start is None or output is MaskedOutput.ZERO:
+            return restored
+        not_started = self.op("Sub", [self.const(1, self.float_type_np), self.started])
+        return self.op("Add", [restored, self.op("Mul", [not_started, start])])
 
 
 def compacts(layer: RecurrentLayer, assume_post_padded: bool) -> bool:
@@ -195,13 +313,15 @@ class Emitted:
 
     node: str  # the ONNX node's name
     mask_form: str = ""  # how a masked layer's mask reached the node; empty when unmasked
+    states: tuple = ()  # StateIO per streamed state (streaming only)
 
 
 class _Emission:
     """Builds one node and collects (old tensor, new tensor) replacements."""
 
     def __init__(self, graph, layer: RecurrentLayer, context: EmitContext):
-        self.graph, self.layer, self.context = graph, layer, context
+        self.graph, self.context = graph, context
+        self.layer = layer = context.states.prepare(graph, layer)
         self.builder = GraphBuilder(graph)
         self.name = utils.make_name(layer.name.replace("/", "_") + "_" + layer.first.kind.onnx_op)
         self.replacements: list = []
@@ -280,21 +400,33 @@ class _Emission:
                     batch_major = self.graph.make_node("Transpose", [reversed_steps], attr={"perm": _BATCH_MAJOR})
                     self.replace(wiring.reversed_output, batch_major.output[0])
             if wiring.last_output:
-                last = node.output[Out.Y_H]
-                if len(self.layer.passes) > 1:
-                    last = self.builder.make_slice({"data": last, "starts": [index], "ends": [index + 1],
-                                                    "axes": [0]})
-                if wiring.masked_output is MaskedOutput.ZERO:
-                    # the loop's last write: zeros when its last step is masked
-                    last = self.mask.op("Mul", [last, self.mask.kept_at(-1 if self.layer.runs_forward(index) else 0)])
-                self.replace(wiring.last_output, last)
-            initial = dict(wiring.initial_states)
+                self.replace(wiring.last_output, self.last_output(node, index, wiring))
             for role, old in wiring.final_states:
-                state = self.per_direction(node.output[_STATE_OUTPUT[role]], index, 0)
-                if self.mask is not None and role in initial:
-                    # a row with no kept step keeps its initial state (ONNX gives zeros)
-                    state = self.mask.op("Where", [self.mask.nonempty, state, self.current(initial[role])])
-                self.replace([old], state)
+                self.replace([old], self.final_state(node, index, role))
+
+    def last_output(self, node, index: int, wiring) -> str:
+        """[1, B, H]: pass ``index``'s output at its last step."""
+        last = node.output[Out.Y_H]
+        if len(self.layer.passes) > 1:
+            last = self.builder.make_slice({"data": last, "starts": [index], "ends": [index + 1], "axes": [0]})
+        if wiring.masked_output is MaskedOutput.ZERO:
+            # the loop's last write: zeros when its last step is masked
+            return self.mask.op("Mul", [last, self.mask.kept_at(-1 if self.layer.runs_forward(index) else 0)])
+        start = self.context.states.carried_start(self, index) if self.mask is not None else None
+        if start is not None:
+            # a row with no kept step repeats the output carried in (ONNX gives zeros)
+            last = self.mask.op("Where", [self.mask.nonempty, last, self.builder.make_unsqueeze(
+                {"data": self.current(start), "axes": [0]})])
+        return last
+
+    def final_state(self, node, index: int, role: StateRole) -> str:
+        """[B, H]: the state pass ``index`` ends with."""
+        state = self.per_direction(node.output[_STATE_OUTPUT[role]], index, 0)
+        initial = dict(self.layer.passes[index].wiring.initial_states)
+        if self.mask is not None and role in initial:
+            # a row with no kept step keeps its initial state (ONNX gives zeros)
+            state = self.mask.op("Where", [self.mask.nonempty, state, self.current(initial[role])])
+        return state
 
     def sequence(self, node, index: int, wiring) -> str:
         """Pass ``index``'s [T, B, H] outputs at every step, in the time order of X."""
@@ -305,7 +437,8 @@ class _Emission:
             # post-padded: ONNX already gives zeros after each row's length, which is Keras's output
             # there in zero mode, and, once reversed, before the first kept step of a backward pass
             return sequence
-        return self.mask.restore(sequence, wiring.masked_output)
+        start = self.context.states.carried_start(self, index)
+        return self.mask.restore(sequence, wiring.masked_output, start and self.current(start))
 
     def reversed_in_time(self, sequence: str) -> str:
         """[T, B, H] with the time axis reversed as a whole."""
@@ -328,7 +461,8 @@ def emit(graph, layer: RecurrentLayer, context: EmitContext) -> "Emitted":
     emission = _Emission(graph, layer, context)
     node = emission.node()
     emission.wire(node)
+    states = context.states.finish(emission, node)
     for old, new in emission.replacements:
         graph.replace_all_inputs(old, new)
         context.renamed[old] = new
-    return Emitted(node=node.name, mask_form=emission.mask_form)
+    return Emitted(node=node.name, mask_form=emission.mask_form, states=states)

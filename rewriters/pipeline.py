@@ -21,7 +21,7 @@ from ..report import ConversionReport, LoopOutcome
 from . import cell_kinds, cell_matchers
 from .adapt import build_pass, layer_name, plan_nodes
 from .body import BodyView, read_skeleton, unmask
-from .emitter import EmitContext, emit
+from .emitter import MODEL_STATES, EmitContext, StreamedStates, emit
 from .layer import BodyMatch, NoMatch, Pass
 
 logger = logging.getLogger("tf2onnx_rnn")
@@ -49,11 +49,11 @@ class LoopId:
 
 
 def make_rewriter(report: ConversionReport, layer_of: Optional[Callable[[str], Optional[str]]] = None,
-                  assume_post_padded: bool = False) -> Optional["RecurrentRewriter"]:
+                  assume_post_padded: bool = False, streaming: bool = False) -> Optional["RecurrentRewriter"]:
     """The rewriter for one conversion, or None when it cannot even be built (an internal error,
     noted in ``report.setup_error`` so that every recurrent loop's row can say so)."""
     try:
-        return RecurrentRewriter(report, layer_of, assume_post_padded)
+        return RecurrentRewriter(report, layer_of, assume_post_padded, streaming)
     except Exception as error:  # noqa: BLE001 - the conversion goes on without fusing
         report.setup_error = f"internal error while setting up the rewriter: {_describe(error)}"
         logger.warning("recurrent layers stay Loops: %s", report.setup_error, exc_info=True)
@@ -64,9 +64,10 @@ class RecurrentRewriter:
     """One conversion's rewriter: its body matches and the report it fills."""
 
     def __init__(self, report: ConversionReport, layer_of: Optional[Callable[[str], Optional[str]]] = None,
-                 assume_post_padded: bool = False):
+                 assume_post_padded: bool = False, streaming: bool = False):
         self.report = report
         self.assume_post_padded = assume_post_padded
+        self.states = StreamedStates() if streaming else MODEL_STATES  # how states meet the model
         self.layer_of = layer_of or (lambda loop: None)
         # body name -> its match, why none matched, or (a str) the internal error that stopped matching
         self.bodies: dict[str, Union[BodyMatch, NoMatch, str]] = {}
@@ -144,7 +145,7 @@ class RecurrentRewriter:
         if layers is None:  # pairing is an optimisation: without it every pass is its own node
             layers = [layer for one in passes for layer in self._guarded(
                 "planning the node", [one], lambda one=one: plan_nodes(graph, [one], self.assume_post_padded)) or []]
-        context = EmitContext(assume_post_padded=self.assume_post_padded)
+        context = EmitContext(assume_post_padded=self.assume_post_padded, states=self.states)
         for layer in layers:
             self._guarded("emitting", layer.passes, lambda layer=layer: self._emit(graph, layer, context))
 
@@ -219,7 +220,9 @@ class RecurrentRewriter:
                                      direction=one.direction.value, became=one.kind.onnx_op, node=emitted.node,
                                      node_direction=layer.direction.value,
                                      activations=", ".join(str(a) for a in one.activations),
-                                     mask=_mask_text(one, emitted.mask_form)))
+                                     mask=_mask_text(one, emitted.mask_form),
+                                     state_inputs=tuple(io.input for io in emitted.states),
+                                     state_outputs=tuple(io.output for io in emitted.states)))
 
     def _record_loop(self, loop_id: LoopId, reason: str, where: str = "") -> None:
         self._record(LoopOutcome(loop=loop_id.loop, layer=loop_id.layer, kind=loop_id.kind, direction="",

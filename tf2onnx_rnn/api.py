@@ -15,6 +15,7 @@ import numbers
 import os
 import shutil
 import tempfile
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
@@ -22,6 +23,7 @@ import numpy as np
 import onnx
 
 from .errors import ConversionError, VerificationError, first_line
+from .layers import recurrent_layers, stateful_layers
 from .reconcile import graph_nodes, reconcile, recurrent_loops
 from .report import ConversionReport
 
@@ -53,10 +55,11 @@ class Options:
     rename_outputs: Sequence[str] = ()
     inputs: Optional[dict] = None  # input name -> shape (None = dynamic dim), to select/fix inputs
     tf2onnx: dict = field(default_factory=dict)  # passed through to tf2onnx
+    streaming: Optional[bool] = None  # recurrent states in and out of the model; None: for stateful models
 
     @classmethod
     def of(cls, opset=None, assume_post_padded=False, continue_on_error=False, large_model=False,
-           rename_inputs=(), rename_outputs=(), inputs=None, **tf2onnx_options) -> "Options":
+           rename_inputs=(), rename_outputs=(), inputs=None, streaming=None, **tf2onnx_options) -> "Options":
         """Options checked for what can be checked without the model: names, targets, opsets, shapes.
 
         A single string is one name (or one target) wherever a list of them is taken.
@@ -64,9 +67,11 @@ class Options:
         unknown = sorted(set(tf2onnx_options) - TF2ONNX_OPTIONS)
         if unknown:
             known = TF2ONNX_OPTIONS | {"opset", "assume_post_padded", "continue_on_error", "large_model",
-                                       "rename_inputs", "rename_outputs", "inputs"}
+                                       "rename_inputs", "rename_outputs", "inputs", "streaming"}
             raise ConversionError(f"unknown option {unknown[0]!r}; known: {', '.join(sorted(known))}")
         check_opset(opset)
+        if streaming not in (None, True, False):
+            raise ConversionError(f"streaming must be True, False or None (automatic), got {streaming!r}")
         passed = {key: value for key, value in tf2onnx_options.items() if value is not None}
         for key in ("inputs_as_nchw", "outputs_as_nchw"):
             if key in passed:
@@ -77,7 +82,8 @@ class Options:
             passed["extra_opset"] = extra_opsets(passed["extra_opset"])
         return cls(opset, assume_post_padded, continue_on_error, large_model,
                    _name_list(rename_inputs, "rename_inputs", unique=True),
-                   _name_list(rename_outputs, "rename_outputs", unique=True), _input_shapes(inputs), passed)
+                   _name_list(rename_outputs, "rename_outputs", unique=True), _input_shapes(inputs), passed,
+                   streaming)
 
 
 def _flag(option: str) -> str:
@@ -187,6 +193,7 @@ class Frozen:
     initialized_tables: Optional[dict] = None
     layer_names: Callable[[str], Optional[str]] = lambda loop: None  # loop op name -> Keras layer
     shape_override: Optional[dict] = None
+    stateful_layers: tuple = ()  # report names of Keras stateful=True recurrent layers
 
 
 @dataclass
@@ -203,14 +210,16 @@ class Conversion:
 def keras_input_signature(model) -> list:
     """TensorSpecs for a Keras model's inputs, with a dynamic batch and the model's input names.
 
-    Dimensions the model leaves dynamic stay dynamic.
+    Dimensions the model leaves dynamic stay dynamic. A model with stateful layers keeps its
+    batch size: Keras fixes it for them.
     """
     tf = _tf()
     inputs = _model_inputs(model)
+    keep_batch = bool(stateful_layers(model))
     specs = []
     for index, tensor in enumerate(inputs):
         shape = [None if d is None else int(d) for d in tensor.shape]
-        if shape:
+        if shape and not keep_batch:
             shape[0] = None
         specs.append(tf.TensorSpec(shape, _dtype_of(tensor), name=_input_name(tensor, index)))
     return specs
@@ -333,7 +342,7 @@ def _keras_source(model, input_signature, options: Options) -> Frozen:
                 raise
             raise ConversionError("the model is over 2 GB, protobuf's limit: convert it with --large_model") from error
     return Frozen(graph_def, getattr(model, "name", "keras"), inputs, outputs, renames, tables,
-                  functools.partial(_layer_of_scope, scopes))
+                  functools.partial(_layer_of_scope, scopes), stateful_layers=stateful_layers(model))
 
 
 def _unique(names: list) -> list:
@@ -352,26 +361,6 @@ def _captured_input_names(concrete) -> set:
     return {t.name for t in graph.function_captures.by_val_internal.values()}
 
 
-def _recurrent_layers(model) -> dict:
-    """The model's recurrent layers, nested models included, each with the name the report gives
-    it: its own, or that of the Bidirectional wrapping it."""
-    found, owner, pending, seen = [], {}, list(getattr(model, "layers", [])), set()
-    while pending:
-        layer = pending.pop()
-        if id(layer) in seen:
-            continue
-        seen.add(id(layer))
-        if hasattr(layer, "cell"):
-            found.append(layer)
-        halves = [sub for sub in (getattr(layer, "forward_layer", None), getattr(layer, "backward_layer", None))
-                  if sub is not None]
-        for half in halves:
-            owner.setdefault(id(half), owner.get(id(layer), layer.name))
-        pending.extend(getattr(layer, "layers", []) or [])
-        pending.extend(halves)
-    return {layer: owner.get(id(layer), layer.name) for layer in found}
-
-
 class _recording_layer_scopes:
     """While tracing, note the name scope each recurrent layer's ``call`` runs in (scope -> name).
 
@@ -382,7 +371,7 @@ class _recording_layer_scopes:
     """
 
     def __init__(self, model, scopes: dict):
-        self.layers, self.scopes = _recurrent_layers(model), scopes
+        self.layers, self.scopes = recurrent_layers(model), scopes
 
     def __enter__(self):
         for layer, name in self.layers.items():
@@ -631,6 +620,13 @@ def run(*, keras_model=None, saved_model: Optional[str] = None, input_signature=
     if output_path:
         check_output_path(output_path)
     if keras_model is not None:
+        stateful = stateful_layers(keras_model)
+        if stateful and options.streaming is False:
+            raise ConversionError(f"stateful layer(s) {', '.join(stateful)}: without streaming the ONNX model "
+                                  "could not carry their states from one call to the next as Keras does; "
+                                  "convert with streaming (the default for stateful models)")
+        if stateful and options.streaming is None:
+            options = dataclasses.replace(options, streaming=True)
         source = _keras_source(keras_model, input_signature, options)
     else:
         source = _saved_model_source(saved_model, signature_def, tag, concrete_function, options)
@@ -680,7 +676,7 @@ def _convert(source: Frozen, options: Options) -> Conversion:
     loops = recurrent_loops(source.graph_def)
     report = ConversionReport()
     try:  # make_rewriter guards the rewriter's construction; this guards make_rewriter itself
-        rewriter = make_rewriter(report, source.layer_names, options.assume_post_padded)
+        rewriter = make_rewriter(report, source.layer_names, options.assume_post_padded, bool(options.streaming))
     except Exception as error:  # noqa: BLE001 - the conversion goes on without fusing, exact
         report.setup_error = f"internal error while setting up the rewriter: {type(error).__name__}: {error}"
         logger.warning("recurrent layers stay Loops: %s", report.setup_error)
@@ -716,6 +712,10 @@ def _convert(source: Frozen, options: Options) -> Conversion:
             model_proto, _ = tf2onnx_convert._convert_common(source.graph_def, **common)  # tf2onnx's own road
     _check_nchw(_io_ranks(model_proto), nchw)
     reconcile(report, loops, model_proto, source.layer_names)
+    report.outcomes = [dataclasses.replace(o, stateful=True) if o.layer in source.stateful_layers else o
+                       for o in report.outcomes]
+    if options.streaming:
+        check_streamed(report)
     _stamp_ir_version(model_proto)
     report.attach(model_proto)
     logger.info("tf2onnx_rnn report:\n%s", report.table())
@@ -723,6 +723,16 @@ def _convert(source: Frozen, options: Options) -> Conversion:
     if options.large_model:
         model_proto.metadata_props.add(key=LARGE_MODEL_KEY, value="1")
     return Conversion(model_proto, report)
+
+
+def check_streamed(report: ConversionReport) -> None:
+    """Streaming is all or nothing: every recurrent layer must carry its states in and out, else
+    :class:`ConversionError` naming each layer that cannot and why."""
+    refused = [o for o in report.outcomes if not o.state_outputs]
+    if refused:
+        layers = "; ".join(f"{o.layer} ({o.kind} {o.direction or ''}".rstrip() + f"): {o.reason or 'became ' + o.became}"
+                           for o in refused)
+        raise ConversionError(f"cannot stream {len(refused)} recurrent layer loop(s): {layers}")
 
 
 def _convert_large(graph_def, name: str, custom_ops=None, custom_op_handlers=None, optimizers=None,

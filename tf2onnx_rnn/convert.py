@@ -125,6 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
                         action="store_true",
                         help="emit the leaner masked-layer graph that is exact only when every row's kept "
                              "steps come first (post-padding); the default is exact for any mask")
+    parser.add_argument("--streaming", action="store_true", default=None,
+                        help="recurrent states in and out of the model (<layer>/h_in, <layer>/h_out, c_ for "
+                             "LSTM), to run a sequence chunk by chunk; automatic for stateful Keras models")
     parser.add_argument("--debug", action="store_true", help="show tracebacks and TensorFlow's log")
     return parser
 
@@ -183,7 +186,7 @@ def _options(args: argparse.Namespace) -> api.Options:
     return api.Options.of(opset=args.opset, assume_post_padded=args.assume_post_padded,
                           continue_on_error=args.continue_on_error, large_model=args.large_model,
                           rename_inputs=args.rename_inputs, rename_outputs=args.rename_outputs,
-                          inputs=args.inputs, **passed)
+                          inputs=args.inputs, streaming=args.streaming, **passed)
 
 
 def _check_source(args: argparse.Namespace) -> None:

@@ -28,6 +28,9 @@ class LoopOutcome:
     activations: str = ""
     node_direction: str = ""  # the ONNX node's direction attribute (bidirectional when paired)
     mask: str = ""  # for a masked layer: the mask's source and the graph form emitted
+    state_inputs: tuple = ()  # streaming: the graph inputs the layer starts from (h, then c), "" = the model's own
+    state_outputs: tuple = ()  # streaming: the graph outputs of the states it ends with
+    stateful: bool = False  # a Keras stateful=True layer
 
     @property
     def fused(self) -> bool:
@@ -64,6 +67,10 @@ class ConversionReport:
             if o.fused:
                 details = o.activations + ("; one bidirectional node" if o.node_direction == "bidirectional" else "")
                 details += f"; mask: {o.mask}" if o.mask else ""
+                details += "; stateful" if o.stateful else ""
+                if o.state_outputs:
+                    details += f"; states in: {', '.join(i or '(the model gives it)' for i in o.state_inputs)}"
+                    details += f", out: {', '.join(o.state_outputs)}"
             else:
                 details = o.reason + (f" (at {o.where})" if o.where else "")
             rows.append((o.layer, o.kind, o.direction or "-", o.became, details))
@@ -78,7 +85,9 @@ class ConversionReport:
 
     @classmethod
     def from_json(cls, text: str) -> "ConversionReport":
-        return cls([LoopOutcome(**item) for item in json.loads(text)["loops"]])
+        lists = ("state_inputs", "state_outputs")
+        return cls([LoopOutcome(**{k: tuple(v) if k in lists else v for k, v in item.items()})
+                    for item in json.loads(text)["loops"]])
 
     def attach(self, model_proto) -> None:
         """Store the report in ``model_proto.metadata_props`` (replacing an earlier one)."""

@@ -24,6 +24,8 @@ import onnx
 
 from .errors import ConversionError, VerificationError, first_line
 from .inputs import random_inputs
+from .layers import states_kept, zero_states
+from .report import ConversionReport
 
 __all__ = ["ROUNDS", "OutputCheck", "VerificationError", "VerificationResult", "compare", "onnx_input_specs",
            "verify_keras", "verify_saved_model"]
@@ -233,19 +235,24 @@ def compare(reference: Callable[[list], Sequence[np.ndarray]], model_proto: onnx
     """Compare ``reference(arrays)`` (outputs in ONNX output order) with onnxruntime.
 
     Without ``inputs``, one round per :data:`ROUNDS` entry on seeded random inputs; with
-    ``inputs`` (arrays in ONNX input order), one round on those.
+    ``inputs`` (arrays in ONNX input order), one round on those. A streamed model's state inputs
+    are fed zeros (the model's usual start) and are not the reference's; its state outputs are
+    not compared (the reference has none).
     """
-    specs = onnx_input_specs(model_proto)
+    state_inputs, state_outputs = streamed_states(model_proto)
+    specs = [spec for spec in onnx_input_specs(model_proto) if spec[0] not in state_inputs]
     rounds = [inputs] if inputs is not None else [
         random_inputs(specs, seed + i, {0: batch, **{axis: other for axis in range(1, 8)}})
         for i, (batch, other) in enumerate(ROUNDS)]
+    state_specs = {name: (shape, dtype) for name, shape, dtype in onnx_input_specs(model_proto) if name in state_inputs}
     result = VerificationResult(tolerance, reference=reference_name, rounds=len(rounds))
     try:
         session = _session(model_proto)
     except Exception as error:  # noqa: BLE001 - onnxruntime raises its own kinds
         result.problem = f"onnxruntime cannot load the ONNX model: {first_line(error)}"
         return result
-    names = [o.name for o in session.get_outputs()]
+    every_output = [o.name for o in session.get_outputs()]
+    names = [name for name in every_output if name not in state_outputs]
     outcomes: dict = {name: [] for name in names}
     for number, arrays in enumerate(rounds, 1):
         where = f"round {number} of {len(rounds)}, input shapes {_shapes(arrays)}"
@@ -256,7 +263,11 @@ def compare(reference: Callable[[list], Sequence[np.ndarray]], model_proto: onnx
                              f"{first_line(error)}"
             break
         try:
-            actual = session.run(None, {name: a for (name, _, _), a in zip(specs, arrays)})
+            feeds = {name: a for (name, _, _), a in zip(specs, arrays)}
+            batch = len(arrays[0]) if arrays and np.ndim(arrays[0]) else 1
+            feeds.update({name: np.zeros([batch if shape[0] is None else shape[0]] + shape[1:], dtype)
+                          for name, (shape, dtype) in state_specs.items()})
+            actual = [value for name, value in zip(every_output, session.run(None, feeds)) if name not in state_outputs]
         except Exception as error:  # noqa: BLE001 - onnxruntime raises its own kinds
             result.problem = f"onnxruntime failed on the inputs ({where}): {first_line(error)}"
             break
@@ -268,6 +279,14 @@ def compare(reference: Callable[[list], Sequence[np.ndarray]], model_proto: onnx
             outcomes[name].append(_compare_output(got, want, tolerance, reference_name))
     result.checks = [_check(name, outcomes[name], tolerance, len(rounds)) for name in names if outcomes[name]]
     return result
+
+
+def streamed_states(model_proto: onnx.ModelProto) -> tuple:
+    """(state input names, state output names) of a streamed model, from its report."""
+    report = ConversionReport.of_model(model_proto)
+    rows = report.outcomes if report is not None else []
+    return ({name for o in rows for name in o.state_inputs if name},
+            {name for o in rows for name in o.state_outputs})
 
 
 def _in_onnx_order(outputs, onnx_names: Sequence[str]) -> list:
@@ -284,14 +303,18 @@ def _in_onnx_order(outputs, onnx_names: Sequence[str]) -> list:
 
 def verify_keras(model, model_proto: onnx.ModelProto, tolerance: float = 1e-4, seed: int = 0,
                  inputs: Optional[list] = None) -> VerificationResult:
-    """Compare a Keras model (``model(x, training=False)``) with its conversion."""
-    onnx_names = [o.name for o in model_proto.graph.output]
+    """Compare a Keras model (``model(x, training=False)``) with its conversion. A stateful model
+    starts every call from zero states, and its stored states are left as they were."""
+    _, state_outputs = streamed_states(model_proto)
+    onnx_names = [o.name for o in model_proto.graph.output if o.name not in state_outputs]
 
     def reference(arrays):
+        zero_states(model)
         outputs = model(arrays if len(arrays) > 1 else arrays[0], training=False)
         return _in_onnx_order(outputs, onnx_names)
 
-    return compare(reference, model_proto, tolerance, seed, inputs, reference_name="Keras")
+    with states_kept(model):
+        return compare(reference, model_proto, tolerance, seed, inputs, reference_name="Keras")
 
 
 def verify_saved_model(path: str, model_proto: onnx.ModelProto, signature_def: Optional[str] = None,
@@ -309,8 +332,9 @@ def verify_saved_model(path: str, model_proto: onnx.ModelProto, signature_def: O
         raise ConversionError(f"unknown signature_def {key!r}; the SavedModel has: {', '.join(sorted(signatures))}")
     function = signatures[key]
     arg_names = list(function.structured_input_signature[1].keys())
-    onnx_names = [name for name, _, _ in onnx_input_specs(model_proto)]
-    output_names = [o.name for o in model_proto.graph.output]
+    state_inputs, state_outputs = streamed_states(model_proto)
+    onnx_names = [name for name, _, _ in onnx_input_specs(model_proto) if name not in state_inputs]
+    output_names = [o.name for o in model_proto.graph.output if o.name not in state_outputs]
 
     def reference(arrays):
         by_name = dict(zip(onnx_names, arrays))

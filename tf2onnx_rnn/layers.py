@@ -1,0 +1,54 @@
+"""The recurrent layers of a Keras model, as the API and verification both need them."""
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+
+
+def recurrent_layers(model) -> dict:
+    """The model's recurrent layers, nested models included, each with the name the report gives
+    it: its own, or that of the Bidirectional wrapping it."""
+    found, owner, pending, seen = [], {}, list(getattr(model, "layers", [])), set()
+    while pending:
+        layer = pending.pop()
+        if id(layer) in seen:
+            continue
+        seen.add(id(layer))
+        if hasattr(layer, "cell"):
+            found.append(layer)
+        halves = [sub for sub in (getattr(layer, "forward_layer", None), getattr(layer, "backward_layer", None))
+                  if sub is not None]
+        for half in halves:
+            owner.setdefault(id(half), owner.get(id(layer), layer.name))
+        pending.extend(getattr(layer, "layers", []) or [])
+        pending.extend(halves)
+    return {layer: owner.get(id(layer), layer.name) for layer in found}
+
+
+def stateful_layers(model) -> tuple:
+    """Report names of the model's ``stateful=True`` recurrent layers."""
+    return tuple(sorted({name for layer, name in recurrent_layers(model).items() if getattr(layer, "stateful", False)}))
+
+
+def _state_variables(model) -> list:
+    return [variable for layer in recurrent_layers(model) if getattr(layer, "stateful", False)
+            for variable in (getattr(layer, "states", None) or []) if hasattr(variable, "assign")]
+
+
+@contextlib.contextmanager
+def states_kept(model):
+    """Run ``model`` freely inside the block: its stateful layers' stored states are as they were
+    afterwards. :func:`zero_states` starts a call from zeros, as a streamed model fed zeros does."""
+    variables = _state_variables(model)
+    saved = [np.array(variable.numpy()) for variable in variables]
+    try:
+        yield
+    finally:
+        for variable, value in zip(variables, saved):
+            variable.assign(value)
+
+
+def zero_states(model) -> None:
+    for variable in _state_variables(model):
+        variable.assign(np.zeros(tuple(variable.shape), np.dtype(getattr(variable.dtype, "name", variable.dtype))))
