@@ -321,6 +321,10 @@ class _Emission:
 
     def __init__(self, graph, layer: RecurrentLayer, context: EmitContext):
         self.graph, self.context = graph, context
+        kind, dtype = layer.first.kind, np.dtype(layer.first.dtype)
+        if dtype.name not in kind.element_types:
+            raise NoMatch(f"onnxruntime's {kind.onnx_op} does not run {dtype.name} (it runs "
+                          f"{', '.join(kind.element_types)}): the layer stays an exact Loop")
         self.layer = layer = context.states.prepare(graph, layer)
         self.builder = GraphBuilder(graph)
         self.name = utils.make_name(layer.name.replace("/", "_") + "_" + layer.first.kind.onnx_op)

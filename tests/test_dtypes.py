@@ -1,0 +1,60 @@
+"""Element types: a recurrent layer becomes a native node only in a type onnxruntime runs.
+
+onnxruntime's LSTM, GRU and RNN kernels run float32 and float16, not float64 (LSTM and GRU fail at
+run time, RNN at session creation). A float64 layer therefore stays tf2onnx's exact Loop, with a
+reason that names the type; a float16 layer becomes a native float16 node. Either way the model
+loads and runs, against Keras.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import parity
+import tf2onnx_rnn
+
+_CONVERTED: dict = {}
+
+
+def converted(flavor: str, dtype: str):
+    """LSTM -> GRU -> SimpleRNN, every layer and the input in ``dtype``; built and converted once."""
+    key = (flavor, dtype)
+    if key not in _CONVERTED:
+        K = parity.keras_module(flavor)
+        x = K.Input((None, 3), name="x", dtype=dtype)
+        h = K.layers.LSTM(4, return_sequences=True, dtype=dtype, name="lstm")(x)
+        h = K.layers.GRU(4, return_sequences=True, dtype=dtype, name="gru")(h)
+        model = K.Model(x, K.layers.SimpleRNN(2, dtype=dtype, name="rnn")(h))
+        parity.randomize_weights(model, 64 if dtype == "float64" else 16)
+        _CONVERTED[key] = (model, tf2onnx_rnn.convert_keras(model))
+    return _CONVERTED[key]
+
+
+def _run(model, model_proto, dtype: str):
+    x = np.random.default_rng(2).standard_normal((3, 7, 3)).astype(dtype)
+    (got,) = parity.ort_session(model_proto).run(None, {"x": x})
+    return got, np.asarray(model(x, training=False))
+
+
+@pytest.mark.parametrize("flavor", parity.FLAVORS)
+def test_float64_layers_stay_exact_loops_with_a_reason(flavor):
+    model, model_proto = converted(flavor, "float64")
+    report = tf2onnx_rnn.report_of(model_proto)
+    assert len(report.outcomes) == 3 and not report.fused, report.table()
+    for row in report.outcomes:
+        assert row.became == "Loop" and "does not run float64" in row.reason, report.table()
+    assert not parity.nodes_of_types(model_proto, parity.RECURRENT_OPS)
+    got, want = _run(model, model_proto, "float64")
+    assert got.dtype == np.float64
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("flavor", parity.FLAVORS)
+def test_float16_layers_become_native_float16_nodes(flavor):
+    model, model_proto = converted(flavor, "float16")
+    report = tf2onnx_rnn.report_of(model_proto)
+    assert [row.became for row in report.outcomes] == ["LSTM", "GRU", "RNN"], report.table()
+    assert not parity.nodes_of_types(model_proto, parity.LOOP_OPS)
+    got, want = _run(model, model_proto, "float16")
+    assert got.dtype == np.float16
+    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=0, atol=1e-2)
