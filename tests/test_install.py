@@ -87,3 +87,25 @@ def test_import_without_tensorflow_says_what_to_install():
     assert command.stderr.strip().splitlines() == [
         "error: tf2onnx-rnn needs TensorFlow 2.15 to 2.21: pip install tensorflow (or tensorflow-cpu), "
         "or pip install 'tf2onnx-rnn[tensorflow]'"], command.stderr
+
+
+def test_an_onnx_that_cannot_import_with_this_ml_dtypes_is_one_line(tmp_path):
+    """onnx 1.19+ under TensorFlow 2.16/2.17's ml_dtypes (< 0.5) fails inside ``import onnx`` with an
+    AttributeError: the package says so in one line with the fix, the command line exits 2."""
+    fake = tmp_path / "onnx"
+    fake.mkdir()
+    (fake / "__init__.py").write_text(
+        "raise AttributeError(\"module 'ml_dtypes' has no attribute 'float4_e2m1fn'\")\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), ROOT])}
+    imported = subprocess.run([sys.executable, "-c", "import tf2onnx_rnn"], capture_output=True, text=True,
+                              env=env, timeout=300)
+    assert imported.returncode != 0
+    last = imported.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError: the installed onnx ") and "needs ml_dtypes 0.5 or later" in last, last
+    assert last.endswith("pip install 'onnx>=1.16,<1.19'"), last
+    command = subprocess.run([sys.executable, "-m", "tf2onnx_rnn.convert", "--keras", "m.keras", "--output",
+                              "m.onnx"], capture_output=True, text=True, env=env, timeout=300)
+    assert command.returncode == 2
+    errors = [line for line in command.stderr.strip().splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "needs ml_dtypes 0.5 or later" in errors[0], command.stderr
+    assert "Traceback" not in command.stderr, command.stderr

@@ -7,11 +7,37 @@ from importlib.util import find_spec as _find_spec
 # not a dependency. Without it nothing here can work: say so in one line, before anything else.
 _TENSORFLOW_MISSING = ("tf2onnx-rnn needs TensorFlow 2.15 to 2.21: pip install tensorflow (or tensorflow-cpu), "
                        "or pip install 'tf2onnx-rnn[tensorflow]'")
-if _find_spec("tensorflow") is None:
+
+
+def _cannot_work(message: str) -> None:
+    """Stop with one line: exit status 2 on the command line, ImportError from Python."""
     if _sys.argv and _os.path.basename(_sys.argv[0]) in ("tf2onnx-rnn", "-m"):  # the command line
-        print(f"error: {_TENSORFLOW_MISSING}", file=_sys.stderr)
+        print(f"error: {message}", file=_sys.stderr)
         raise SystemExit(2)
-    raise ImportError(_TENSORFLOW_MISSING)
+    raise ImportError(message)
+
+
+def _onnx_problem() -> str:
+    """Why ``import onnx`` fails in this environment, in one line ("" when it works). onnx 1.19 and
+    later need ml_dtypes 0.5 without saying so, and TensorFlow 2.16-2.17 hold ml_dtypes below 0.5."""
+    try:
+        import onnx  # noqa: F401
+    except AttributeError as error:
+        if "ml_dtypes" not in str(error):
+            raise
+        from importlib.metadata import version
+
+        return (f"the installed onnx {version('onnx')} needs ml_dtypes 0.5 or later, this environment has "
+                f"ml_dtypes {version('ml_dtypes')} (which your TensorFlow may require): "
+                "pip install 'onnx>=1.16,<1.19'")
+    return ""
+
+
+if _find_spec("tensorflow") is None:
+    _cannot_work(_TENSORFLOW_MISSING)
+_ONNX_PROBLEM = _onnx_problem()
+if _ONNX_PROBLEM:
+    _cannot_work(_ONNX_PROBLEM)
 
 # Installed (wheel or editable), rewriters/ is tf2onnx_rnn.rewriters (setup.cfg's package_dir).
 # Imported straight from a source checkout (say, `python -m tf2onnx_rnn.convert` run in the
