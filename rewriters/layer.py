@@ -44,7 +44,7 @@ class CellKind:
     onnx_op: str  # the ONNX node it becomes (RNN)
     scope_hint: str  # what Keras's scopes for this family contain (lstm_cell, gru_1, simple_rnn...)
     state_roles: tuple[StateRole, ...]  # the states in ONNX order (initial_h, initial_c)
-    # element types onnxruntime's CPU kernel of ``onnx_op`` runs (measured on onnxruntime 1.26 and 1.31:
+    # element types onnxruntime's CPU kernel of ``onnx_op`` runs (measured on onnxruntime 1.17, 1.26 and 1.31:
     # LSTM, GRU and RNN run float16 and float32, none runs float64)
     element_types: tuple[str, ...] = ("float32", "float16")
 
