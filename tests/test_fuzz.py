@@ -19,6 +19,8 @@ For Keras 3 (``keras``) and tf_keras, hypothesis draws a model (see :func:`examp
 - the input signature: dynamic batch and time (the default), or a fixed batch (1-4) and/or a
   fixed time (1-7), as users exporting for embedded runtimes give (``input_signature`` with
   those dimensions; every model input gets the fixed batch, ``x`` and ``m`` the fixed time);
+- streaming (separate tests): the same space narrowed to what streams, a round cut into chunks at
+  random boundaries, states carried from zeros, chunked against Keras on the whole sequence;
 - one or two rounds of inputs on the same converted model, each with batch 1-4, time 1-7 (the
   signature's where it fixes them) and, when masked, one mask row per batch row drawn from
   full / post-padded / pre-padded / holed / empty.
@@ -487,3 +489,65 @@ def test_fuzz_keras(example: Example):
 @given(example=examples("tf_keras"))
 def test_fuzz_tf_keras(example: Example):
     run_property("tf_keras", example)
+
+
+# -- streaming ----------------------------------------------------------------------------------
+# The same space, narrowed to what streams (one-direction forward layers ONNX can express, no
+# initial_state from the model): a sequence cut at random chunk boundaries, each chunk's state
+# outputs fed as the next chunk's state inputs from zeros, must give Keras's outputs on the whole
+# sequence (masked rows of every kind included).
+
+@st.composite
+def streaming_examples(draw, flavor: str) -> tuple:
+    spec = draw(model_specs(flavor))
+    layers = tuple(LayerSpec(kind=ls.kind, units=ls.units,
+                             activation=ls.activation if ls.activation != INEXPRESSIBLE else "tanh",
+                             recurrent_activation=(ls.recurrent_activation if ls.recurrent_activation != INEXPRESSIBLE
+                                                   else "sigmoid"),
+                             reset_after=ls.reset_after, use_bias=ls.use_bias, return_sequences=ls.return_sequences)
+                   for ls in spec.layers)
+    spec = ModelSpec(features=spec.features, layers=layers, mask=spec.mask, weight_seed=spec.weight_seed)
+    batch, time_ = draw(st.integers(1, 4)), draw(st.integers(2, 9))
+    rows = tuple(draw(mask_rows(time_)) for _ in range(batch)) if spec.mask != "none" else None
+    cuts = sorted(draw(st.sets(st.integers(1, time_ - 1), min_size=1, max_size=time_ - 1)))
+    chunks = tuple(b - a for a, b in zip([0] + cuts, cuts + [time_]))
+    return Example(spec, (Round(batch=batch, time=time_, data_seed=draw(st.integers(0, 2**16)), rows=rows),)), chunks
+
+
+def check_streaming(flavor: str, example: Example, chunks: tuple) -> None:
+    from tf2onnx_rnn import convert_keras, report_of
+
+    spec, (rnd,) = example.spec, example.rounds
+    model = build_model(flavor, spec)
+    proto = convert_keras(model, streaming=True)
+    arrays = make_feeds(spec, rnd)
+    (whole,) = parity.keras_outputs(model, arrays)
+    streamed = {name for row in report_of(proto).outcomes for name in row.state_inputs}
+    states = {i.name: np.zeros((rnd.batch, i.type.tensor_type.shape.dim[1].dim_value), np.float32)
+              for i in proto.graph.input if i.name in streamed}
+    assert len(states) == sum(STATE_COUNT[layer.kind] for layer in spec.layers), sorted(states)
+    session = parity.ort_session(proto)
+    names = [o.name for o in session.get_outputs()]
+    outputs, start = [], 0
+    for size in chunks:
+        feeds = dict(zip(spec.input_names(), [a[:, start:start + size] for a in arrays]), **states)
+        result = dict(zip(names, session.run(None, feeds)))
+        outputs.append(result[names[0]])
+        states = {name: result[name[:-len("in")] + "out"] for name in states}
+        start += size
+    chunked = np.concatenate(outputs, axis=1) if spec.layers[-1].return_sequences else outputs[-1]
+    problems, _ = parity.output_problems(f"{chunks} chunks", names[:1], [whole], [chunked], TOLERANCE)
+    assert not problems, f"{flavor} {example} chunks {chunks}:\n- " + "\n- ".join(problems) + "\n" + \
+        parity.report_table(proto)
+
+
+@fuzz
+@given(drawn=streaming_examples(parity.FLAVORS[0]))
+def test_fuzz_streaming_keras(drawn):
+    check_streaming(parity.FLAVORS[0], *drawn)
+
+
+@fuzz
+@given(drawn=streaming_examples("tf_keras"))
+def test_fuzz_streaming_tf_keras(drawn):
+    check_streaming("tf_keras", *drawn)
