@@ -51,3 +51,16 @@ def test_performance():
     assert "| gru-uni-plain-b1 |" in text and "| lstm-uni-masked-b1 |" in text
     ratios = [float(v) for v in re.findall(r"stock/ours = ([0-9.]+)", text)]
     assert len(ratios) == 2 and all(r > 0 for r in ratios)
+
+
+def test_streaming_notebook():
+    text = _run("streaming.ipynb")
+    whole = [float(v) for v in re.findall(r"max abs error vs Keras \(whole signal\) ([0-9.e+-]+)", text)]
+    stateful = [float(v) for v in re.findall(r"max abs error vs stateful Keras ([0-9.e+-]+)", text)]
+    assert len(whole) == 1 and whole[0] < 1e-5, whole
+    assert len(stateful) == 1 and stateful[0] < 1e-5, stateful
+    assert "'gru/h_in'" in text and "'gru/h_out'" in text  # the ONNX input and output names
+    assert "states in: gru/h_in, out: gru/h_out" in text  # the report's row
+    assert "stateful; states in: gru/h_in" in text  # the stateful model streams by itself
+    assert re.search(r"per-frame latency: median [0-9.]+ ms", text)
+    assert "refused: " in text and "both_ways" in text
