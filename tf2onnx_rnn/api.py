@@ -226,7 +226,10 @@ def keras_input_signature(model) -> list:
 
 
 def _model_inputs(model) -> list:
-    inputs = getattr(model, "inputs", None)
+    try:
+        inputs = model.inputs
+    except (AttributeError, ValueError):  # Keras 3 before 3.6 raises for an unbuilt Sequential
+        inputs = None
     if not inputs:
         raise ConversionError("the Keras model has no defined inputs: build it (or call it once) "
                               "or pass input_signature")
@@ -728,11 +731,14 @@ def _convert(source: Frozen, options: Options) -> Conversion:
 def check_streamed(report: ConversionReport) -> None:
     """Streaming is all or nothing: every recurrent layer must carry its states in and out, else
     :class:`ConversionError` naming each layer that cannot and why."""
-    refused = [o for o in report.outcomes if not o.state_outputs]
+    refused: dict = {}  # (layer, kind, why) -> directions, once per layer however many loops it has
+    for o in report.outcomes:
+        if not o.state_outputs:
+            refused.setdefault((o.layer, o.kind, o.reason or f"became {o.became}"), []).append(o.direction)
     if refused:
-        layers = "; ".join(f"{o.layer} ({o.kind} {o.direction or ''}".rstrip() + f"): {o.reason or 'became ' + o.became}"
-                           for o in refused)
-        raise ConversionError(f"cannot stream {len(refused)} recurrent layer loop(s): {layers}")
+        layers = "; ".join(f"{layer} ({' '.join([kind] + [d for d in directions if d])}): {why}"
+                           for (layer, kind, why), directions in refused.items())
+        raise ConversionError(f"cannot stream {len(refused)} recurrent layer(s): {layers}")
 
 
 def _convert_large(graph_def, name: str, custom_ops=None, custom_op_handlers=None, optimizers=None,
