@@ -90,7 +90,7 @@ def test_import_without_tensorflow_says_what_to_install():
 
 
 def test_an_onnx_that_cannot_import_with_this_ml_dtypes_is_one_line(tmp_path):
-    """onnx 1.19+ under TensorFlow 2.16/2.17's ml_dtypes (< 0.5) fails inside ``import onnx`` with an
+    """onnx 1.19+ under TensorFlow 2.15-2.17's ml_dtypes (< 0.5) fails inside ``import onnx`` with an
     AttributeError: the package says so in one line with the fix, the command line exits 2."""
     fake = tmp_path / "onnx"
     fake.mkdir()

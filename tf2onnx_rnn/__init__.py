@@ -19,7 +19,7 @@ def _cannot_work(message: str) -> None:
 
 def _onnx_problem() -> str:
     """Why ``import onnx`` fails in this environment, in one line ("" when it works). onnx 1.19 and
-    later need ml_dtypes 0.5 without saying so, and TensorFlow 2.16-2.17 hold ml_dtypes below 0.5."""
+    later need ml_dtypes 0.5 without saying so, and TensorFlow 2.15-2.17 hold ml_dtypes below 0.5."""
     try:
         import onnx  # noqa: F401
     except AttributeError as error:
