@@ -35,11 +35,12 @@ def layer_name(loop_name: str, known_layers: frozenset = frozenset()) -> str:
     return "/".join(parts) or loop_name
 
 
-def build_pass(graph, loop, match: BodyMatch, name: str) -> Pass:
-    """Read weights, input, outputs and initial states of ``loop`` into a pass description."""
+def build_pass(graph, loop, match: BodyMatch, name: str, others: frozenset = frozenset()) -> Pass:
+    """Read weights, input, outputs and initial states of ``loop`` into a pass description.
+    ``others``: loop slots that belong to other cells of the same loop (a stack), left to them."""
     x, x_unreversed = _list_source(graph, loop, match.input_slot, "input sequence")
     direction = Direction.FORWARD if x_unreversed is None else Direction.BACKWARD
-    outputs = _outputs(graph, loop, match, direction)
+    outputs = _outputs(graph, loop, match, direction, others)
     return Pass(loop=loop.name, name=name, kind=match.kind, direction=direction,
                 activations=match.activations, attributes=match.attributes,
                 wiring=Wiring(x=x, x_unreversed=x_unreversed, initial_states=_initial_states(graph, loop, match),
@@ -169,13 +170,13 @@ def _backward_half(loop_name: str) -> bool:
     return any(scope.startswith("backward_") for scope in loop_name.split("/"))
 
 
-def _outputs(graph, loop, match: BodyMatch, direction: Direction) -> dict:
-    """Which tensors of the outer graph the layer's outputs replace."""
+def _outputs(graph, loop, match: BodyMatch, direction: Direction, others: frozenset = frozenset()) -> dict:
+    """Which tensors of the outer graph the layer's outputs replace (none of the ``others`` slots)."""
     state_slots = dict((slot, role) for role, slot in match.states)
     sequence, reversed_, last, states = [], [], [], []
     for slot, tensor in enumerate(loop.output):
         consumers = graph.find_output_consumers(tensor)
-        if not consumers:
+        if not consumers or slot in others:
             continue
         if slot == match.output_slot:
             require(all(c.type == "TensorListStack" for c in consumers),
@@ -337,6 +338,8 @@ def _pairs(graph, a: Pass, b: Pass, assume_post_padded: bool) -> bool:
     if halves is None:
         return False
     forward, backward = halves
+    if a.stacked or b.stacked:  # a stack's cells chain; two stacks never pair cell by cell
+        return False
     same_shape = (a.kind, a.hidden_size, a.input_size, a.dtype, a.attributes) == \
         (b.kind, b.hidden_size, b.input_size, b.dtype, b.attributes)
     same_states = {r for r, _ in a.wiring.initial_states} == {r for r, _ in b.wiring.initial_states}

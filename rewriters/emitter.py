@@ -94,7 +94,8 @@ class StateIO:
 
 class StreamedStates(StateWiring):
     """Streaming: every state is a graph input ``<layer>/h_in`` (``c_in``) the layer starts from and
-    a graph output ``<layer>/h_out`` (``c_out``) it ends with, [batch, units]. Feeding each call's
+    a graph output ``<layer>/h_out`` (``c_out``) it ends with, [batch, units] (a StackedRNNCells
+    layer's cell k: ``<layer>/cell_<k>/h_in`` ...). Feeding each call's
     outputs as the next call's inputs runs a sequence chunk by chunk exactly as whole.
 
     A state the model computes from its own inputs (``initial_state=``) stays the model's; a
@@ -116,7 +117,7 @@ class StreamedStates(StateWiring):
             if tensor is not None and not _is_constant(graph, tensor):
                 states.append((role, tensor))
                 continue
-            name = self.name(one.name, role, "in")
+            name = self.name(one, role, "in")
             require_free(graph, name)
             graph.add_graph_input(name, helper.np_dtype_to_tensor_dtype(np.dtype(one.dtype)),
                                   [_batch_of(graph, layer.x), one.hidden_size])
@@ -128,25 +129,27 @@ class StreamedStates(StateWiring):
         # in a whole sequence a masked step repeats the last kept step's output, which is the state
         # carried in (zero only where the stream starts)
         tensor = dict(emission.layer.passes[index].wiring.initial_states).get(StateRole.HIDDEN)
-        return tensor if tensor == self.name(emission.layer.name, StateRole.HIDDEN, "in") else None
+        return tensor if tensor == self.name(emission.layer.passes[index], StateRole.HIDDEN, "in") else None
 
     def finish(self, emission: "_Emission", node) -> tuple:
         one, graph = emission.layer.first, emission.graph
         given = dict(one.wiring.initial_states)
         added = []
         for role in one.kind.state_roles:
-            name = self.name(one.name, role, "out")
+            name = self.name(one, role, "out")
             require_free(graph, name)
             graph.make_node("Identity", [emission.final_state(node, 0, role)], outputs=[name])
             graph.add_graph_output(name, helper.np_dtype_to_tensor_dtype(np.dtype(one.dtype)),
                                    [_batch_of(graph, emission.layer.x), one.hidden_size])
-            streamed_in = self.name(one.name, role, "in")
+            streamed_in = self.name(one, role, "in")
             added.append(StateIO(role, streamed_in if given.get(role) == streamed_in else "", name))
         return tuple(added)
 
     @staticmethod
-    def name(layer: str, role: StateRole, end: str) -> str:
-        return f"{layer}/{role.value}_{end}"
+    def name(one, role: StateRole, end: str) -> str:
+        """``<layer>/h_in`` ...; a stack's cells are ``<layer>/cell_<k>/h_in`` ..."""
+        cell = f"/cell_{one.stack[0]}" if one.stacked else ""
+        return f"{one.name}{cell}/{role.value}_{end}"
 
 
 def require_free(graph, name: str) -> None:

@@ -128,6 +128,16 @@ class BodyMatch:
 
 
 @dataclass(frozen=True)
+class StackMatch:
+    """A body that steps several cells in turn (Keras ``StackedRNNCells``): cell k reads cell
+    k-1's output, the top cell's output is the loop's. Each cell's match holds its own states."""
+
+    cells: tuple[BodyMatch, ...]  # bottom first
+
+    kind_name = "StackedRNNCells"  # the Keras form, as the report names it
+
+
+@dataclass(frozen=True)
 class Wiring:
     """Where one direction of a layer sits in the outer graph: its input and what it replaces."""
 
@@ -162,6 +172,11 @@ class Pass:
     B: np.ndarray  # [2*G*H] = [Wb, Rb]
     activations: tuple[Activation, ...]
     wiring: Wiring
+    stack: tuple[int, int] = (0, 1)  # (this cell's position, cells) in a StackedRNNCells loop
+
+    @property
+    def stacked(self) -> bool:
+        return self.stack[1] > 1
 
 
 class NodeDirection(enum.Enum):

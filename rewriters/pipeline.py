@@ -22,7 +22,8 @@ from . import cell_kinds, cell_matchers
 from .adapt import build_pass, layer_name, plan_nodes
 from .body import BodyView, read_skeleton, unmask
 from .emitter import MODEL_STATES, EmitContext, StreamedStates, emit
-from .layer import BodyMatch, NoMatch, Pass
+from .layer import BodyMatch, NoMatch, Pass, StackMatch, require
+from .stacked import match_stack, stack_passes
 
 logger = logging.getLogger("tf2onnx_rnn")
 
@@ -72,6 +73,7 @@ class RecurrentRewriter:
         # body name -> its match, why none matched, or (a str) the internal error that stopped matching
         self.bodies: dict[str, Union[BodyMatch, NoMatch, str]] = {}
         self.recorded: set = set()
+        self.stack_cells: dict = {}  # loop -> (pass, Emitted) of a stack's cells emitted so far
 
     def __call__(self, graph, ops):
         try:
@@ -94,28 +96,46 @@ class RecurrentRewriter:
             logger.debug("matching %s raised", name, exc_info=True)
             entry = f"internal error while matching: {_describe(error)}"  # a plain reason: nothing more can fail
         self.bodies[name] = entry
-        if isinstance(entry, BodyMatch):
+        if isinstance(entry, (BodyMatch, StackMatch)):
             # the loop is ours: keep tf2onnx's own LSTM/GRU rewriters off it
             graph.lstm_rewriter_context = None
             graph.gru_rewriter_context = None
 
-    def _match_body(self, graph) -> Union[BodyMatch, NoMatch]:
+    def _match_body(self, graph) -> Union[BodyMatch, StackMatch, NoMatch]:
         try:
             view = BodyView(graph)
             skeleton = read_skeleton(view)
             masking = None
             if skeleton.mask_slot is not None:
                 skeleton, masking = unmask(view, skeleton)
-            return replace(self._match_cell(view, skeleton), masking=masking)
+            match = self._match_cells(view, skeleton)
+            if isinstance(match, StackMatch):
+                require(masking is None, "masked StackedRNNCells loops are not fused", skeleton.y_t)
+                return match
+            return replace(match, masking=masking)
         except NoMatch as no_match:
             return no_match
+
+    @classmethod
+    def _match_cells(cls, view: BodyView, skeleton) -> Union[BodyMatch, StackMatch]:
+        """One cell, or else several stepped in turn (StackedRNNCells); the one-cell reason when
+        neither reads the body and one cell could carry its states."""
+        carried = len(skeleton.state_inputs)
+        if carried > max(kind.state_count for kind in cell_kinds()):
+            return match_stack(view, skeleton, cls._match_cell)
+        try:
+            return cls._match_cell(view, skeleton)
+        except NoMatch as one_cell:
+            if carried < 2:
+                raise
+            try:
+                return match_stack(view, skeleton, cls._match_cell)
+            except NoMatch:
+                raise one_cell from None
 
     @staticmethod
     def _match_cell(view: BodyView, skeleton) -> BodyMatch:
         carried = len(skeleton.state_inputs)
-        if carried > max(kind.state_count for kind in cell_kinds()):
-            raise NoMatch(f"the loop carries {carried} states: several cells in one loop (StackedRNNCells) "
-                          "are not fused", skeleton.y_t)
         reasons = []  # (kind, reason, node, whether a fault of ours)
         for matcher in cell_matchers():
             try:
@@ -138,9 +158,7 @@ class RecurrentRewriter:
     def _replace_loops(self, graph, loops) -> None:
         passes = []
         for loop in loops:
-            one = self._guarded("reading the loop", [loop], lambda: self._read_pass(graph, loop))
-            if one is not None:
-                passes.append(one)
+            passes.extend(self._guarded("reading the loop", [loop], lambda: self._read_passes(graph, loop)) or [])
         layers = self._guarded("pairing directions", [], lambda: plan_nodes(graph, passes, self.assume_post_padded))
         if layers is None:  # pairing is an optimisation: without it every pass is its own node
             layers = [layer for one in passes for layer in self._guarded(
@@ -184,36 +202,46 @@ class RecurrentRewriter:
     def _loop_id(self, loop) -> LoopId:
         body = loop.get_attr_str("body")
         entry = self.bodies.get(body)
-        kind = entry.kind.keras_name if isinstance(entry, BodyMatch) else _kind_hint(loop.name + " " + body)
+        kind = (entry.kind.keras_name if isinstance(entry, BodyMatch) else
+                entry.kind_name if isinstance(entry, StackMatch) else _kind_hint(loop.name + " " + body))
         return LoopId(loop.name, self.layer_of(loop.name) or layer_name(loop.name), kind)
 
     @staticmethod
     def _pass_id(one: Pass) -> LoopId:
-        return LoopId(one.loop, one.name, one.kind.keras_name)
+        return LoopId(one.loop, one.name, StackMatch.kind_name if one.stacked else one.kind.keras_name)
 
-    def _read_pass(self, graph, loop) -> Optional[Pass]:
+    def _read_passes(self, graph, loop) -> list:
+        """The loop's passes: one, or one per cell of a stack; none when it stays a Loop."""
         entry = self.bodies.get(loop.get_attr_str("body"))
         if entry is None:
-            return None  # a body with no TensorList reads: not a recurrent layer, nothing to report
+            return []  # a body with no TensorList reads: not a recurrent layer, nothing to report
         loop_id = self._loop_id(loop)
         if isinstance(entry, str):
             self._record_loop(loop_id, entry)
-            return None
+            return []
         if isinstance(entry, NoMatch):
             self._record_loop(loop_id, entry.reason, entry.node)
-            return None
+            return []
         try:
-            return build_pass(graph, loop, entry, loop_id.layer)
+            if isinstance(entry, StackMatch):
+                return stack_passes(graph, loop, entry, loop_id.layer)
+            return [build_pass(graph, loop, entry, loop_id.layer)]
         except NoMatch as no_match:
             self._record_loop(loop_id, no_match.reason, no_match.node)
-        return None
+        return []
 
     def _emit(self, graph, layer, context: EmitContext) -> None:
+        first = layer.first
+        if first.stacked and first.stack[0] > 0 and first.loop in self.recorded:
+            return  # a cell below stayed in the Loop: the cells above read it there
         try:
             emitted = emit(graph, layer, context)
         except NoMatch as no_match:
             for one in layer.passes:
                 self._record_loop(self._pass_id(one), no_match.reason, no_match.node)
+            return
+        if first.stacked:
+            self._record_stack_cell(first, emitted)
             return
         for one in layer.passes:
             self._record(LoopOutcome(loop=one.loop, layer=one.name, kind=one.kind.keras_name,
@@ -223,6 +251,22 @@ class RecurrentRewriter:
                                      mask=_mask_text(one, emitted.mask_form),
                                      state_inputs=tuple(io.input for io in emitted.states),
                                      state_outputs=tuple(io.output for io in emitted.states)))
+
+    def _record_stack_cell(self, one: Pass, emitted) -> None:
+        """Collect a stack's emitted cells; the top one's completes the loop's row."""
+        cells = self.stack_cells.setdefault(one.loop, [])
+        cells.append((one, emitted))
+        if one.stack[0] < one.stack[1] - 1:
+            return
+        del self.stack_cells[one.loop]
+        self._record(LoopOutcome(
+            loop=one.loop, layer=one.name, kind=StackMatch.kind_name, direction=cells[0][0].direction.value,
+            became=one.kind.onnx_op, node=emitted.node, node_direction=cells[0][0].direction.value,
+            activations="cells: " + " -> ".join(f"{cell.kind.keras_name} [{', '.join(str(a) for a in cell.activations)}]"
+                                               for cell, _ in cells),
+            cell_nodes=tuple(e.node for _, e in cells[:-1]),
+            state_inputs=tuple(io.input for _, e in cells for io in e.states),
+            state_outputs=tuple(io.output for _, e in cells for io in e.states)))
 
     def _record_loop(self, loop_id: LoopId, reason: str, where: str = "") -> None:
         self._record(LoopOutcome(loop=loop_id.loop, layer=loop_id.layer, kind=loop_id.kind, direction="",

@@ -354,8 +354,8 @@ class Single:
 
     @property
     def nodes(self) -> Optional[tuple]:
-        if self.cell == "stacked":
-            return None  # may stay a Loop; how a fused one would look is not fixed here
+        if self.cell == "stacked":  # one node per cell (two cells)
+            return (node_of(self.kind, one_direction(self.go_backwards), self.reset_after),) * 2
         if self.stays_loop:
             return ()
         return (node_of(self.kind, one_direction(self.go_backwards), self.reset_after),)
@@ -364,7 +364,7 @@ class Single:
     def loops(self) -> tuple:
         direction = "backward" if self.go_backwards else "forward"
         if self.cell == "stacked":
-            return (Loop(self.name, None, None, None),)
+            return (Loop(self.name, "StackedRNNCells", direction, ONNX_OP[self.kind], one_direction(self.go_backwards)),)
         if self.stays_loop:
             return (Loop(self.name, self.kind, None, "Loop", reason=self.stays_loop),)
         return (Loop(self.name, self.kind, direction, ONNX_OP[self.kind], one_direction(self.go_backwards)),)
@@ -597,7 +597,8 @@ def check_report(case, proto, model, report) -> None:
     by_node: dict = {}
     for outcome in outcomes:
         if outcome.fused:
-            by_node.setdefault(outcome.node, []).append(outcome.direction)
+            for name in (outcome.node,) + tuple(outcome.cell_nodes):  # a stack's cells below the top too
+                by_node.setdefault(name, []).append(outcome.direction)
     for node in parity.nodes_of_types(proto, parity.RECURRENT_OPS):
         directions = sorted(by_node.get(node.name, []))
         wanted = ["backward", "forward"] if parity.direction_of(node) == "bidirectional" else directions[:1]

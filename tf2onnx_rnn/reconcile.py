@@ -95,7 +95,7 @@ def reconcile(report: ConversionReport, loops: list, model_proto: onnx.ModelProt
                       report.setup_error or "internal error: the rewriter did not report this loop")
             return _warned(LoopOutcome(loop=loop.name, layer=layer, kind=kind, direction="", became="Loop",
                                        reason=reason))
-        if row is not None and row.fused and row.node in names:
+        if row is not None and row.fused and row.node in names and set(row.cell_nodes) <= names:
             return row
         if unclaimed_native:
             node = unclaimed_native.pop(0)

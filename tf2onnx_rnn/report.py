@@ -31,6 +31,7 @@ class LoopOutcome:
     state_inputs: tuple = ()  # streaming: the graph inputs the layer starts from (h, then c), "" = the model's own
     state_outputs: tuple = ()  # streaming: the graph outputs of the states it ends with
     stateful: bool = False  # a Keras stateful=True layer
+    cell_nodes: tuple = ()  # a StackedRNNCells loop: the nodes of the cells below ``node`` (the top cell's)
 
     @property
     def fused(self) -> bool:
@@ -85,7 +86,7 @@ class ConversionReport:
 
     @classmethod
     def from_json(cls, text: str) -> "ConversionReport":
-        lists = ("state_inputs", "state_outputs")
+        lists = ("state_inputs", "state_outputs", "cell_nodes")
         return cls([LoopOutcome(**{k: tuple(v) if k in lists else v for k, v in item.items()})
                     for item in json.loads(text)["loops"]])
 
