@@ -58,3 +58,49 @@ def test_float16_layers_become_native_float16_nodes(flavor):
     got, want = _run(model, model_proto, "float16")
     assert got.dtype == np.float16
     np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=0, atol=1e-2)
+
+
+_POLICIES: dict = {}
+
+
+def converted_with_policy(flavor: str, policy: str):
+    """The same stack built under a Keras mixed-precision policy (float32 variables, the policy's
+    compute type); the global policy is restored at once."""
+    key = (flavor, policy)
+    if key not in _POLICIES:
+        K = parity.keras_module(flavor)
+        previous = K.mixed_precision.global_policy()
+        K.mixed_precision.set_global_policy(policy)
+        try:
+            x = K.Input((None, 3), name="x")
+            h = K.layers.LSTM(4, return_sequences=True, name="lstm")(x)
+            h = K.layers.GRU(4, return_sequences=True, name="gru")(h)
+            model = K.Model(x, K.layers.SimpleRNN(2, name="rnn")(h))
+        finally:
+            K.mixed_precision.set_global_policy(previous)
+        parity.randomize_weights(model, 17)
+        _POLICIES[key] = (model, tf2onnx_rnn.convert_keras(model))
+    return _POLICIES[key]
+
+
+@pytest.mark.parametrize("flavor, policy", [(f, "mixed_float16") for f in parity.FLAVORS] + [(parity.FLAVORS[0], "mixed_bfloat16")])
+def test_mixed_precision_policies_become_native_nodes_that_run(flavor, policy):
+    """Both policies fuse every layer, and the model runs: mixed_float16 in float16; bfloat16 reaches
+    the ONNX model as float16 too (tf2onnx's mapping), within bfloat16's own error of Keras."""
+    model, model_proto = converted_with_policy(flavor, policy)
+    report = tf2onnx_rnn.report_of(model_proto)
+    assert [row.became for row in report.outcomes] == ["LSTM", "GRU", "RNN"], report.table()
+    assert not parity.nodes_of_types(model_proto, parity.LOOP_OPS)
+    x = np.random.default_rng(2).standard_normal((3, 7, 3)).astype(np.float32)
+    (got,) = parity.ort_session(model_proto).run(None, {"x": x})
+    want = np.asarray(model(x, training=False)).astype(np.float32)
+    assert np.all(np.isfinite(got))
+    np.testing.assert_allclose(got.astype(np.float32), want, rtol=0, atol=1e-2 if policy == "mixed_float16" else 2e-2)
+
+
+def test_a_bfloat16_loop_onnxruntime_cannot_load_is_a_clear_error_not_a_file():
+    """tf_keras's mixed_bfloat16 keeps bfloat16 tensors in the loop, which no onnxruntime kernel
+    takes (nor the native nodes): the conversion stops with one line instead of writing a model
+    that cannot load."""
+    with pytest.raises(tf2onnx_rnn.ConversionError, match="onnxruntime cannot load the converted model.*bfloat16"):
+        converted_with_policy("tf_keras", "mixed_bfloat16")
