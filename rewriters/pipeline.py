@@ -109,9 +109,8 @@ class RecurrentRewriter:
             if skeleton.mask_slot is not None:
                 skeleton, masking = unmask(view, skeleton)
             match = self._match_cells(view, skeleton)
-            if isinstance(match, StackMatch):
-                require(masking is None, "masked StackedRNNCells loops are not fused", skeleton.y_t)
-                return match
+            if isinstance(match, StackMatch):  # every cell of a stack skips the masked steps
+                return StackMatch(tuple(replace(cell, masking=masking) for cell in match.cells))
             return replace(match, masking=masking)
         except NoMatch as no_match:
             return no_match

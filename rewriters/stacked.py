@@ -54,7 +54,8 @@ def _next_cell(view: BodyView, skeleton: Skeleton, remaining: dict, x_t: str, ma
 def stack_passes(graph, loop, stack: StackMatch, name: str) -> list:
     """One pass per cell, bottom first. The bottom cell reads the loop's input (reversed for
     go_backwards); every other cell reads the step-ordered output of the cell below; only the top
-    cell's outputs are the loop's, and every cell's final states are its own."""
+    cell's outputs are the loop's, and every cell's final states are its own. A masked stack's
+    cells all skip the masked steps (what a cell below outputs there, no cell above reads)."""
     state_slots = {slot for cell in stack.cells for _, slot in cell.states}
     output_slot = stack.cells[-1].output_slot
     passes, below = [], None
@@ -65,8 +66,8 @@ def stack_passes(graph, loop, stack: StackMatch, name: str) -> list:
         others = frozenset(state_slots - own) | (frozenset() if top else {output_slot})
         one = build_pass(graph, loop, cell, name, others)
         wiring = one.wiring
-        if below is not None:
-            wiring = replace(wiring, x=below, x_unreversed=None)
+        if below is not None:  # the cell below's output and the mask, both in step order
+            wiring = replace(wiring, x=below, x_unreversed=None, mask_unreversed=None)
         below = None if top else f"{loop.name}/stacked_cell_{index}_sequence"
         if below is not None:
             wiring = replace(wiring, sequence_output=(below,))
