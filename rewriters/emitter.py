@@ -206,7 +206,6 @@ class _MaskTensors:
     def __init__(self, graph, mask: str, float_type: np.dtype):
         self.graph, self.builder = graph, GraphBuilder(graph)
         self.float_type_np = np.dtype(float_type)
-        self.float_type = helper.np_dtype_to_tensor_dtype(self.float_type_np)
         self._cache: dict = {}
         if len(graph.get_shape(mask) or []) == 3:
             mask = self.builder.make_squeeze({"data": mask, "axes": [2]})
@@ -265,15 +264,19 @@ class _MaskTensors:
 
     @_built_once
     def kept(self) -> str:
-        """[T, B, 1] float: 1 at kept steps."""
-        return self.builder.make_unsqueeze({"data": self.op("Cast", [self.bool], to=self.float_type),
-                                            "axes": [2]})
+        """[T, B, 1] bool: the kept steps."""
+        return self.builder.make_unsqueeze({"data": self.bool, "axes": [2]})
 
     @_built_once
     def started(self) -> str:
-        """[T, B, 1] float: 1 from the first kept step on."""
+        """[T, B, 1] bool: from the first kept step on."""
         started = self.op("Greater", [self.source, self.const(-1)])
-        return self.builder.make_unsqueeze({"data": self.op("Cast", [started], to=self.float_type), "axes": [2]})
+        return self.builder.make_unsqueeze({"data": started, "axes": [2]})
+
+    @_built_once
+    def zero(self) -> str:
+        """A scalar zero of the layer's float type."""
+        return self.const(0, self.float_type_np)
 
     @_built_once
     def nonempty(self) -> str:
@@ -282,7 +285,7 @@ class _MaskTensors:
                                             "axes": [1]})
 
     def kept_at(self, step: int) -> str:
-        """[1, B, 1] float: whether ``step`` (0 or -1) is kept."""
+        """[1, B, 1] bool: whether ``step`` (0 or -1) is kept."""
         return self.op("Gather", [self.kept, self.const([step])], axis=0)
 
     def compact(self, x: str) -> str:
@@ -293,11 +296,10 @@ class _MaskTensors:
         """[T, B, H] outputs at compacted positions -> Keras's outputs at every step; a carried
         output is ``start`` ([B, H], zeros when None) before each row's first kept step."""
         spread = self.op("Gather", [self.op("Flatten", [y], axis=2), self.source_rows], axis=0)
-        restored = self.op("Mul", [spread, self.kept if output is MaskedOutput.ZERO else self.started])
-        if start is None or output is MaskedOutput.ZERO:
-            return restored
-        not_started = self.op("Sub", [self.const(1, self.float_type_np), self.started])
-        return self.op("Add", [restored, self.op("Mul", [not_started, start])])
+        if output is MaskedOutput.ZERO:
+            return self.op("Where", [self.kept, spread, self.zero])
+        # selecting on the bool mask, with no float Cast: exact, and safe in float16 conversion
+        return self.op("Where", [self.started, spread, self.zero if start is None else start])
 
 
 def compacts(layer: RecurrentLayer, assume_post_padded: bool) -> bool:
@@ -418,7 +420,8 @@ class _Emission:
             last = self.builder.make_slice({"data": last, "starts": [index], "ends": [index + 1], "axes": [0]})
         if wiring.masked_output is MaskedOutput.ZERO:
             # the loop's last write: zeros when its last step is masked
-            return self.mask.op("Mul", [last, self.mask.kept_at(-1 if self.layer.runs_forward(index) else 0)])
+            return self.mask.op("Where", [self.mask.kept_at(-1 if self.layer.runs_forward(index) else 0), last,
+                                          self.mask.zero])
         start = self.context.states.carried_start(self, index) if self.mask is not None else None
         if start is not None:
             # a row with no kept step repeats the output carried in (ONNX gives zeros)

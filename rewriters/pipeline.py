@@ -21,6 +21,7 @@ from ..report import ConversionReport, LoopOutcome
 from . import cell_kinds, cell_matchers
 from .adapt import build_pass, layer_name, plan_nodes
 from .body import BodyView, read_skeleton, unmask
+from .bool_masks import exact_selects, integer_any, select_bool_products
 from .emitter import MODEL_STATES, EmitContext, StreamedStates, emit
 from .layer import BodyMatch, NoMatch, Pass, StackMatch, require
 from .stacked import match_stack, stack_passes
@@ -82,6 +83,11 @@ class RecurrentRewriter:
             loops = [op for op in ops if op.type in _LOOP_TYPES]
             if loops:
                 self._replace_loops(graph, loops)
+            # after the loops are read (the mask's source is named from Keras's own ops): the mask
+            # arithmetic without float Casts
+            self._guarded("selecting on bool masks", [], lambda: select_bool_products(graph))
+            self._guarded("reducing bool masks", [], lambda: integer_any(graph))
+            self._guarded("selecting exactly", [], lambda: exact_selects(graph))
         except Exception as error:  # noqa: BLE001 - last line of defence; reconciliation fills the gaps
             logger.warning("internal error in the recurrent rewriter on %s: %s", graph.graph_name,
                            _describe(error), exc_info=True)
