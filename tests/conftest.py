@@ -2,7 +2,8 @@
 
 - TensorFlow's C++ logging is quietened and its thread pools are kept small: the suite runs
   under pytest-xdist on a small machine, and every worker is its own process.
-- ``tests/`` is put on ``sys.path`` so test modules can ``import parity`` (shared helpers).
+- ``tests/`` is put on ``sys.path`` so test modules can ``import helpers`` (kinds, sessions, graph
+  walking) and ``import parity`` (parity-test models and conversions).
 - Keras 3 (``import keras``) and tf_keras (``import tf_keras``) are both used in one process;
   each test picks its flavor (see ``parity.py``).
 """

@@ -1,4 +1,6 @@
-"""Shared helpers for parity tests: Keras flavors, model building, conversion, graph checks.
+"""Shared helpers for parity tests: Keras flavors, model building, conversion, output comparison.
+
+The recurrent kinds' constants, onnxruntime sessions and graph walking are in helpers.py.
 
 Both Keras flavors run in one process: Keras 3 (``import keras``) and tf_keras
 (``import tf_keras``, Keras 2) coexist with tf2onnx 1.17 (measured: converting in either
@@ -17,11 +19,21 @@ import itertools
 import re
 import zlib
 from dataclasses import dataclass
-from typing import Iterable, Optional, Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 import pytest
 import onnx
+
+import helpers
+
+# The kinds' constants, sessions and graph walkers live in helpers.py; parity keeps the names it
+# always had for the modules that still read them from here (test_fault_injection.py,
+# test_parity_fixed_shapes.py).
+ONNX_OP, RECURRENT_OPS, LOOP_OPS, STATE_NAMES = helpers.ONNX_OP, helpers.RECURRENT_OPS, helpers.LOOP_OPS, \
+    helpers.STATE_NAMES
+ort_session, all_nodes, nodes_of_types = helpers.ort_session, helpers.all_nodes, helpers.nodes_of_types
+attribute, direction_of = helpers.attribute, helpers.direction_of
 
 # ``import keras`` is Keras 3 from TensorFlow 2.16 on, and Keras 2 in TensorFlow 2.15 (the oldest
 # supported stack): the flavor's name says which, so tests of Keras 3 behaviour can tell.
@@ -29,12 +41,6 @@ KERAS3 = int(importlib.metadata.version("keras").split(".")[0]) >= 3
 FLAVORS = ("keras3" if KERAS3 else "keras2", "tf_keras")
 _FLAVOR_MODULES = {"keras3": "keras", "keras2": "keras", "tf_keras": "tf_keras"}
 only_keras3 = pytest.mark.skipif(not KERAS3, reason="Keras 3 behaviour; `keras` here is Keras 2")
-
-# ONNX op each Keras layer must become, and the kind the report must name
-ONNX_OP = {"LSTM": "LSTM", "GRU": "GRU", "SimpleRNN": "RNN"}
-RECURRENT_OPS = frozenset({"LSTM", "GRU", "RNN"})
-LOOP_OPS = frozenset({"Loop", "Scan"})
-STATE_NAMES = {"LSTM": ("h", "c"), "GRU": ("h",), "SimpleRNN": ("h",)}
 
 FEATURES = 5  # input features F (differs from UNITS so W's transposition shows)
 UNITS = 4
@@ -81,7 +87,7 @@ class Case:
 
     @property
     def layer_name(self) -> str:
-        return "uut_" + {"LSTM": "lstm", "GRU": "gru", "SimpleRNN": "simple_rnn"}[self.kind]
+        return "uut_" + helpers.SCOPE_NAME[self.kind]
 
     @property
     def state_names(self) -> tuple:
@@ -242,43 +248,11 @@ def converted_with(flavor: str, case, build) -> Converted:
 
 # -- onnxruntime --------------------------------------------------------------------------
 
-def ort_session(model_proto: onnx.ModelProto):
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    options.inter_op_num_threads = 1
-    return ort.InferenceSession(model_proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
-
-
 def run_onnx(session, names: Sequence[str], arrays: Sequence[np.ndarray]) -> list:
     return session.run(None, dict(zip(names, arrays)))
 
 
-# -- graph walking ------------------------------------------------------------------------
-
-def all_nodes(graph: onnx.GraphProto) -> Iterable[onnx.NodeProto]:
-    """Every node of ``graph`` and of its subgraphs (GRAPH and GRAPHS attributes), recursively."""
-    for node in graph.node:
-        yield node
-        for attribute in node.attribute:
-            if attribute.type == onnx.AttributeProto.GRAPH:
-                yield from all_nodes(attribute.g)
-            elif attribute.type == onnx.AttributeProto.GRAPHS:
-                for subgraph in attribute.graphs:
-                    yield from all_nodes(subgraph)
-
-
-def nodes_of_types(model_proto: onnx.ModelProto, types) -> list:
-    return [n for n in all_nodes(model_proto.graph) if n.op_type in types]
-
-
-def attribute(node: onnx.NodeProto, name: str):
-    for attr in node.attribute:
-        if attr.name == name:
-            return onnx.helper.get_attribute_value(attr)
-    return None
-
+# -- comparing outputs -------------------------------------------------------------------
 
 def output_problems(label: str, output_names, expected, actual, tolerance: float) -> tuple:
     """Compare Keras's outputs with onnxruntime's: (problems, max abs error over them).
@@ -305,14 +279,6 @@ def output_problems(label: str, output_names, expected, actual, tolerance: float
             rows = sorted({int(i) for i in np.argwhere(~(diff <= tolerance))[:, 0]})
             problems.append(f"{where}: max abs error {error:.3g} in batch rows {rows}")
     return problems, worst
-
-
-def direction_of(node: onnx.NodeProto) -> str:
-    """A recurrent node's ``direction`` attribute (ONNX's default is forward)."""
-    value = attribute(node, "direction")
-    if value is None:
-        return "forward"
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def report_table(model_proto: onnx.ModelProto) -> str:

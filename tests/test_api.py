@@ -9,6 +9,7 @@ import pytest
 
 import keras
 
+import helpers
 import tf2onnx_rnn  # noqa: E402
 from tf2onnx_rnn.rewriters import gru as gru_matcher  # noqa: E402
 from tf2onnx_rnn.rewriters import pipeline  # noqa: E402
@@ -20,16 +21,6 @@ def _randomize(model, seed=7):
     rng = np.random.default_rng(seed)
     model.set_weights([(rng.standard_normal(w.shape) * 0.5).astype(w.dtype) for w in model.get_weights()])
     return model
-
-
-def _op_types(model_proto):
-    def walk(graph):
-        for node in graph.node:
-            yield node.op_type
-            for attr in node.attribute:
-                for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
-                    yield from walk(sub)
-    return list(walk(model_proto.graph))
 
 
 def _sequential():
@@ -48,10 +39,12 @@ def _functional():
 
 @pytest.mark.parametrize("build, expected", [(_sequential, ["GRU", "RNN"]), (_functional, ["LSTM", "GRU"])])
 def test_convert_keras_without_signature(build, expected):
+    """Sequential and functional models: every layer fused, no Loop/Scan, the Keras input names,
+    batch left dynamic, and the model matches Keras."""
     model = build()
     model_proto = tf2onnx_rnn.convert_keras(model)
-    ops = _op_types(model_proto)
-    assert sorted(op for op in ops if op in ("LSTM", "GRU", "RNN")) == sorted(expected)
+    ops = helpers.op_types(model_proto)
+    assert sorted(op for op in ops if op in helpers.RECURRENT_OPS) == sorted(expected)
     assert "Loop" not in ops and "Scan" not in ops
     names = [i.name for i in model_proto.graph.input]
     assert names == [t.name for t in model.inputs]
@@ -74,13 +67,13 @@ def test_report_is_stored_logged_and_names_layers(caplog):
     assert model_proto.opset_import[0].version == 17
 
 
-def test_output_path_and_ir_version_loadable(tmp_path):
-    import onnxruntime as ort
-
+def test_output_path_holds_the_returned_model_and_onnxruntime_loads_it(tmp_path):
+    """The file written to ``output_path`` is the returned model; onnxruntime loads it (so it
+    accepts its IR version); no temporary file is left beside it."""
     path = tmp_path / "model.onnx"
     model_proto = tf2onnx_rnn.convert_keras(_sequential(), output_path=str(path))
     assert onnx.load(str(path)) == model_proto
-    ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    helpers.ort_session(path)
     assert not [p for p in tmp_path.iterdir() if p.name != "model.onnx"], "temporary files left behind"
 
 
@@ -101,7 +94,7 @@ def test_rejected_layer_stays_an_exact_loop(monkeypatch, target, attribute, repl
     model = _sequential()
     monkeypatch.setattr(target, attribute, replacement)
     model_proto = tf2onnx_rnn.convert_keras(model)
-    ops = _op_types(model_proto)
+    ops = helpers.op_types(model_proto)
     report = tf2onnx_rnn.report_of(model_proto)
     by_kind = {o.kind: o for o in report.outcomes}
     assert by_kind["GRU"].became == "Loop"

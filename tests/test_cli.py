@@ -22,14 +22,12 @@ import onnx
 import pytest
 
 import keras
-import onnxruntime as ort
 
 import cli_models  # noqa: E402  (tests/ is on sys.path, see conftest.py)
+import helpers  # noqa: E402
 from tf2onnx_rnn import api  # noqa: E402
 from tf2onnx_rnn import convert as cli  # noqa: E402
 
-NATIVE_OPS = ("LSTM", "GRU", "RNN")
-LOOP_OPS = ("Loop", "Scan")
 # TensorFlow's C++ log lines ("I0000 00:00:... port.cc:153] ...") and absl's preamble
 TF_NOISE = re.compile(r"^[IWEF]\d{4} |absl::InitializeLog", re.MULTILINE)
 SUMMARY = re.compile(r"^(\d+ recurrent loop\(s\):.*|no recurrent layer loops found: nothing to fuse)$", re.MULTILINE)
@@ -124,18 +122,6 @@ def run_cli(*args, cwd) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=900)
 
 
-def all_op_types(graph: onnx.GraphProto) -> list:
-    """Op types of every node, those in subgraphs (Loop bodies, If branches) included."""
-    ops = []
-    for node in graph.node:
-        ops.append(node.op_type)
-        for attr in node.attribute:
-            subgraphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
-            for subgraph in subgraphs:
-                ops.extend(all_op_types(subgraph))
-    return ops
-
-
 def report_rows(stdout: str) -> dict:
     """The report table's rows, keyed by layer: (kind, direction, became)."""
     lines = stdout.splitlines()
@@ -174,16 +160,16 @@ def assert_native_model(path: str, expected: dict) -> onnx.ModelProto:
     full ONNX checker."""
     model_proto = onnx.load(path)
     onnx.checker.check_model(model_proto, full_check=True)
-    ops = all_op_types(model_proto.graph)
-    assert not set(ops) & set(LOOP_OPS), ops
-    native = collections.Counter(op for op in ops if op in NATIVE_OPS)
+    ops = helpers.op_types(model_proto)
+    assert not set(ops) & helpers.LOOP_OPS, ops
+    native = collections.Counter(op for op in ops if op in helpers.RECURRENT_OPS)
     assert native == collections.Counter(expected.values()), ops
     return model_proto
 
 
 def run_onnx(path: str, batch: int = 2, steps: int = 7):
     """Load the file in onnxruntime and run it on seeded random input; (input, outputs)."""
-    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    session = helpers.ort_session(path)
     (feed,) = session.get_inputs()
     shape = [batch, steps, cli_models.FEATURES] if len(feed.shape) == 3 else [batch, cli_models.FEATURES]
     x = np.random.default_rng(11).standard_normal(shape).astype(np.float32)
@@ -333,7 +319,7 @@ def test_failed_verification_exits_1_and_writes_nothing(keras3_file, tmp_path, c
     assert [p.name for p in tmp_path.iterdir()] == (["model.onnx"] if existing else [])
 
 
-def test_failed_verification_in_a_child_process(keras3_saved_model, tmp_path):
+def test_failed_verification_in_a_child_process_exits_1_and_keeps_the_old_output(keras3_saved_model, tmp_path):
     output = tmp_path / "model.onnx"
     output.write_bytes(b"previous model")
     result = run_cli("--saved-model", keras3_saved_model.path, "--output", output, "--verify",
@@ -511,7 +497,7 @@ def test_bad_input_in_a_child_process(argv, message, existing, keras3_saved_mode
 
 
 # -- the parser ----------------------------------------------------------------------------------
-def test_parser_accepts_both_spellings():
+def test_parser_accepts_both_spellings_and_sets_the_defaults():
     parser = cli.build_parser()
     hyphen = parser.parse_args(["--saved-model", "d", "--signature-def", "s", "--output", "o"])
     underscore = parser.parse_args(["--saved_model", "d", "--signature_def", "s", "--output", "o"])
@@ -522,7 +508,7 @@ def test_parser_accepts_both_spellings():
 
 @pytest.mark.parametrize("text, ok", [("0", True), ("1e-3", True), ("-1e-9", False), ("inf", False),
                                       ("nan", False), ("x", False)])
-def test_tolerance_values(text, ok):
+def test_tolerance_must_be_a_finite_non_negative_number(text, ok):
     parser = cli.build_parser()
     argv = ["--keras", "m.keras", "--output", "o", "--tolerance", text]
     if ok:

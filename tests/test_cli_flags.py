@@ -12,7 +12,6 @@ newest, Keras 2.15 on TensorFlow 2.15).
 """
 from __future__ import annotations
 
-import collections
 import logging
 import os
 import re
@@ -22,13 +21,13 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 
 import keras
 import tensorflow as tf
 
 import cli_models  # noqa: E402  (tests/ is on sys.path, see conftest.py)
+from helpers import attribute, nodes_of_types, op_counts, ort_session  # noqa: E402
 from tf2onnx_rnn import api  # noqa: E402
 from tf2onnx_rnn import convert as cli  # noqa: E402
 from tf2onnx_rnn.errors import ConversionError  # noqa: E402
@@ -191,12 +190,6 @@ def assert_one_error_line(stderr: str) -> str:
     return lines[0]
 
 
-def session(model) -> ort.InferenceSession:
-    """onnxruntime on a path (external data resolved beside it) or a model proto."""
-    source = model if isinstance(model, str) else model.SerializeToString()
-    return ort.InferenceSession(source, providers=["CPUExecutionProvider"])
-
-
 def dims(value: onnx.ValueInfoProto) -> list:
     """A graph input's or output's shape: sizes, None for a dynamic dimension."""
     return [d.dim_value if d.HasField("dim_value") else None for d in value.type.tensor_type.shape.dim]
@@ -214,10 +207,6 @@ def sequences(batch=2, steps=7) -> np.ndarray:
     return np.random.default_rng(32).standard_normal((batch, steps, SEQ_FEATURES)).astype(np.float32)
 
 
-def op_counts(model_proto: onnx.ModelProto) -> collections.Counter:
-    return collections.Counter(node.op_type for node in model_proto.graph.node)
-
-
 def consumers(model_proto: onnx.ModelProto, name: str) -> list:
     return [node for node in model_proto.graph.node if name in node.input]
 
@@ -228,7 +217,7 @@ def producer(model_proto: onnx.ModelProto, name: str) -> onnx.NodeProto:
 
 
 def perm(node: onnx.NodeProto) -> list:
-    return list(onnx.helper.get_attribute_value(next(a for a in node.attribute if a.name == "perm")))
+    return list(attribute(node, "perm"))
 
 
 def opsets(model_proto: onnx.ModelProto) -> dict:
@@ -245,7 +234,7 @@ def assert_input_as_nchw(model_proto, name: str, keras_model) -> None:
     transposes = [node for node in consumers(model_proto, name) if node.op_type == "Transpose"]
     assert [perm(node) for node in transposes] == [NCHW_TO_NHWC]
     x = image_batch()
-    (y,) = session(model_proto).run(None, {name: x.transpose(NHWC_TO_NCHW)})
+    (y,) = ort_session(model_proto).run(None, {name: x.transpose(NHWC_TO_NCHW)})
     np.testing.assert_allclose(y, keras_out(keras_model, x), rtol=0, atol=ATOL)
 
 
@@ -282,7 +271,7 @@ def test_outputs_as_nchw(image_file, tmp_path, capfd):
     last = producer(model_proto, "grid")
     assert last.op_type == "Transpose" and perm(last) == NHWC_TO_NCHW
     x = image_batch()
-    (y,) = session(str(output)).run(None, {"image": x})
+    (y,) = ort_session(str(output)).run(None, {"image": x})
     np.testing.assert_allclose(y, keras_out(image_file.model, x).transpose(NHWC_TO_NCHW), rtol=0, atol=ATOL)
 
 
@@ -291,7 +280,7 @@ def test_outputs_as_nchw_api(image_file):
     (graph_output,) = model_proto.graph.output
     assert graph_output.name == "cells" and dims(graph_output) == [None, 3, ROWS, 2]
     x = image_batch()
-    (y,) = session(model_proto).run(None, {"image": x})
+    (y,) = ort_session(model_proto).run(None, {"image": x})
     np.testing.assert_allclose(y, keras_out(image_file.model, x).transpose(NHWC_TO_NCHW), rtol=0, atol=ATOL)
 
 
@@ -304,7 +293,7 @@ def test_rename_inputs_and_outputs(sequence_saved_model, tmp_path, capfd):
     assert [i.name for i in model_proto.graph.input] == ["frames"]
     assert [o.name for o in model_proto.graph.output] == ["scores"]
     x = sequences()
-    (y,) = session(str(output)).run(["scores"], {"frames": x})
+    (y,) = ort_session(str(output)).run(["scores"], {"frames": x})
     np.testing.assert_allclose(y, keras_out(sequence_saved_model.model, x), rtol=0, atol=ATOL)
 
 
@@ -313,7 +302,7 @@ def test_rename_api(sequence_file):
     assert [i.name for i in model_proto.graph.input] == ["frames"]
     assert [o.name for o in model_proto.graph.output] == ["scores"]
     x = sequences()
-    (y,) = session(model_proto).run(["scores"], {"frames": x})
+    (y,) = ort_session(model_proto).run(["scores"], {"frames": x})
     np.testing.assert_allclose(y, keras_out(sequence_file.model, x), rtol=0, atol=ATOL)
 
 
@@ -333,7 +322,7 @@ def test_extra_opset(sequence_file, tmp_path, capfd):
     assert imported[""] == 15  # the default domain stays at --opset
     assert len(model_proto.opset_import) == len(imported)  # each domain imported once
     x = sequences()
-    (y,) = session(str(output)).run(None, {"x": x})
+    (y,) = ort_session(str(output)).run(None, {"x": x})
     np.testing.assert_allclose(y, keras_out(sequence_file.model, x), rtol=0, atol=ATOL)
 
 
@@ -349,9 +338,8 @@ def test_extra_opset_api(sequence_file, extra):
 
 # -- --target ------------------------------------------------------------------------------------
 def resize_mode(model_proto) -> str:
-    (node,) = [node for node in model_proto.graph.node if node.op_type == "Resize"]
-    return onnx.helper.get_attribute_value(
-        next(a for a in node.attribute if a.name == "coordinate_transformation_mode")).decode()
+    (node,) = nodes_of_types(model_proto, {"Resize"})
+    return attribute(node, "coordinate_transformation_mode").decode()
 
 
 def test_target_tensorrt_changes_the_resize(resize_file, tmp_path, capfd):
@@ -363,9 +351,9 @@ def test_target_tensorrt_changes_the_resize(resize_file, tmp_path, capfd):
     assert resize_mode(onnx.load(str(default))) == "tf_half_pixel_for_nn"
     assert resize_mode(onnx.load(str(tensorrt))) == "half_pixel"
     x = np.random.default_rng(33).standard_normal((2, 4, 5, 2)).astype(np.float32)
-    (y,) = session(str(default)).run(None, {"image": x})
+    (y,) = ort_session(str(default)).run(None, {"image": x})
     np.testing.assert_allclose(y, keras_out(resize_file.model, x), rtol=0, atol=ATOL)
-    session(str(tensorrt)).run(None, {"image": x})  # loads and runs (not exact: that is the workaround)
+    ort_session(str(tensorrt)).run(None, {"image": x})  # loads and runs (not exact: that is the workaround)
 
 
 def test_target_api(resize_file):
@@ -415,7 +403,8 @@ def assert_external_data(path: str) -> None:
 
 def assert_runs_like_keras(path: str, model) -> None:
     x = sequences()
-    (y,) = session(path).run(None, {session(path).get_inputs()[0].name: x})
+    session = ort_session(path)
+    (y,) = session.run(None, {session.get_inputs()[0].name: x})
     np.testing.assert_allclose(y, keras_out(model, x), rtol=0, atol=ATOL)
 
 
@@ -447,7 +436,7 @@ def test_large_model_api_returns_the_whole_model(sequence_file, tmp_path):
     assert all(t.data_location != onnx.TensorProto.EXTERNAL and t.raw_data for t in model_proto.graph.initializer
                if tensor_bytes(t) >= KB)
     x = sequences()
-    (y,) = session(model_proto).run(None, {"x": x})
+    (y,) = ort_session(model_proto).run(None, {"x": x})
     np.testing.assert_allclose(y, keras_out(sequence_file.model, x), rtol=0, atol=ATOL)
     # saved again with save_model: the same files
     again = tmp_path / "again.onnx"
@@ -525,7 +514,7 @@ def test_large_model_without_big_tensors_writes_one_file(image_file, tmp_path, c
 
 
 # -- --continue_on_error -------------------------------------------------------------------------
-def test_unconverted_op_without_continue_on_error(lgamma_saved_model, tmp_path, capfd):
+def test_unconverted_op_without_continue_on_error_exits_2_and_writes_nothing(lgamma_saved_model, tmp_path, capfd):
     output = tmp_path / "lgamma.onnx"
     code = cli.main(["--saved-model", lgamma_saved_model.path, "--output", str(output)])
     out, err = capfd.readouterr()
@@ -577,7 +566,7 @@ def test_concrete_function(functions_saved_model, tmp_path, capfd, index):
     counts = op_counts(model_proto)
     assert counts["GRU"] == 1 and not counts["Loop"] and not counts["Scan"]
     x = np.random.default_rng(34).standard_normal((2, 6, 3)).astype(np.float32)  # fits both traces
-    (y,) = session(str(output)).run(None, {graph_input.name: x})
+    (y,) = ort_session(str(output)).run(None, {graph_input.name: x})
     np.testing.assert_allclose(y, np.asarray(functions_saved_model.model.gru(x, training=False)), rtol=0, atol=ATOL)
 
 
@@ -598,7 +587,7 @@ def test_inputs_fixes_the_shape(source, sequence_file, sequence_saved_model, tmp
     assert dims(graph_input) == [1, 50, SEQ_FEATURES]
     assert op_counts(model_proto)["LSTM"] == 1
     x = sequences(batch=1, steps=50)
-    (y,) = session(str(output)).run(None, {graph_input.name: x})
+    (y,) = ort_session(str(output)).run(None, {graph_input.name: x})
     np.testing.assert_allclose(y, keras_out(built.model, x), rtol=0, atol=ATOL)
 
 
@@ -644,7 +633,7 @@ def test_keras2_h5_converts(tmp_path, capfd):
     assert counts["LSTM"] == 1 and not counts["Loop"]
     reference = load_keras2_h5()
     x = np.random.default_rng(35).standard_normal((3, 9, 4)).astype(np.float32)
-    (y,) = session(str(output)).run(None, {model_proto.graph.input[0].name: x})
+    (y,) = ort_session(str(output)).run(None, {model_proto.graph.input[0].name: x})
     np.testing.assert_allclose(y, keras_out(reference, x), rtol=0, atol=ATOL)
 
 

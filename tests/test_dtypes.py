@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import helpers
 import parity
 import tf2onnx_rnn
 
@@ -32,7 +33,7 @@ def converted(flavor: str, dtype: str):
 
 def _run(model, model_proto, dtype: str):
     x = np.random.default_rng(2).standard_normal((3, 7, 3)).astype(dtype)
-    (got,) = parity.ort_session(model_proto).run(None, {"x": x})
+    (got,) = helpers.ort_session(model_proto).run(None, {"x": x})
     return got, np.asarray(model(x, training=False))
 
 
@@ -43,7 +44,7 @@ def test_float64_layers_stay_exact_loops_with_a_reason(flavor):
     assert len(report.outcomes) == 3 and not report.fused, report.table()
     for row in report.outcomes:
         assert row.became == "Loop" and "does not run float64" in row.reason, report.table()
-    assert not parity.nodes_of_types(model_proto, parity.RECURRENT_OPS)
+    assert not helpers.nodes_of_types(model_proto, helpers.RECURRENT_OPS)
     got, want = _run(model, model_proto, "float64")
     assert got.dtype == np.float64
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
@@ -54,7 +55,7 @@ def test_float16_layers_become_native_float16_nodes(flavor):
     model, model_proto = converted(flavor, "float16")
     report = tf2onnx_rnn.report_of(model_proto)
     assert [row.became for row in report.outcomes] == ["LSTM", "GRU", "RNN"], report.table()
-    assert not parity.nodes_of_types(model_proto, parity.LOOP_OPS)
+    assert not helpers.nodes_of_types(model_proto, helpers.LOOP_OPS)
     got, want = _run(model, model_proto, "float16")
     assert got.dtype == np.float16
     np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=0, atol=1e-2)
@@ -90,9 +91,9 @@ def test_mixed_precision_policies_become_native_nodes_that_run(flavor, policy):
     model, model_proto = converted_with_policy(flavor, policy)
     report = tf2onnx_rnn.report_of(model_proto)
     assert [row.became for row in report.outcomes] == ["LSTM", "GRU", "RNN"], report.table()
-    assert not parity.nodes_of_types(model_proto, parity.LOOP_OPS)
+    assert not helpers.nodes_of_types(model_proto, helpers.LOOP_OPS)
     x = np.random.default_rng(2).standard_normal((3, 7, 3)).astype(np.float32)
-    (got,) = parity.ort_session(model_proto).run(None, {"x": x})
+    (got,) = helpers.ort_session(model_proto).run(None, {"x": x})
     want = np.asarray(model(x, training=False)).astype(np.float32)
     assert np.all(np.isfinite(got))
     np.testing.assert_allclose(got.astype(np.float32), want, rtol=0, atol=1e-2 if policy == "mixed_float16" else 2e-2)

@@ -9,6 +9,7 @@ import numpy as np
 
 import tensorflow as tf
 
+import helpers
 import tf2onnx_rnn  # noqa: E402
 from tf2onnx_rnn.verify import verify_saved_model  # noqa: E402
 
@@ -35,7 +36,7 @@ def test_bundled_example_converts_to_native_nodes():
     model_proto = tf2onnx_rnn.convert_saved_model(EXAMPLE)
     report = tf2onnx_rnn.report_of(model_proto)
     assert [(o.kind, o.became) for o in report.outcomes] == [("LSTM", "LSTM"), ("GRU", "GRU")]
-    ops = [n.op_type for n in model_proto.graph.node]
-    assert ops.count("LSTM") == 1 and ops.count("GRU") == 1 and "Loop" not in ops
+    counts = helpers.op_counts(model_proto)
+    assert counts["LSTM"] == 1 and counts["GRU"] == 1 and not counts["Loop"]
     result = verify_saved_model(EXAMPLE, model_proto, tolerance=1e-5)
     assert result.passed, result.table()

@@ -11,12 +11,13 @@ import zlib
 import numpy as np
 import pytest
 
+import helpers
 import parity
+from helpers import KINDS
 import tf2onnx_rnn
 
 float16 = pytest.importorskip("onnxconverter_common.float16")
 
-KINDS = ("LSTM", "GRU", "SimpleRNN")
 FEATURES, UNITS, TIME = 3, 4, 7
 
 
@@ -47,8 +48,8 @@ def batch(masked: bool) -> np.ndarray:
 def test_float16_conversion_runs_and_matches(flavor, kind, bidirectional, masked):
     model = build(flavor, kind, bidirectional, masked)
     model_proto = tf2onnx_rnn.convert_keras(model)
-    assert not parity.nodes_of_types(model_proto, parity.LOOP_OPS)
+    assert not helpers.nodes_of_types(model_proto, helpers.LOOP_OPS)
     halved = float16.convert_float_to_float16(model_proto, keep_io_types=True)
     x = batch(masked)
-    (got,) = parity.ort_session(halved).run(None, {"x": x})
+    (got,) = helpers.ort_session(halved).run(None, {"x": x})
     np.testing.assert_allclose(got, np.asarray(model(x, training=False)), rtol=0, atol=1e-2)

@@ -63,7 +63,9 @@ import onnx
 from hypothesis import HealthCheck, Phase, event, given, note, seed, settings
 from hypothesis import strategies as st
 
+import helpers
 import parity
+from helpers import KINDS, SCOPE_NAME, STATE_COUNT
 
 TOLERANCE = 1e-4
 WEIGHT_SCALE = 0.3
@@ -71,15 +73,12 @@ EXAMPLES = int(os.environ.get("TF2ONNX_RNN_FUZZ_EXAMPLES", "12"))
 SEED = os.environ.get("TF2ONNX_RNN_FUZZ_SEED", "").strip()
 LOG = os.environ.get("TF2ONNX_RNN_FUZZ_LOG", "").strip()
 
-KINDS = ("LSTM", "GRU", "SimpleRNN")
 ACTIVATIONS = ("tanh", "sigmoid", "relu", "hard_sigmoid", "softsign", "linear")
 RECURRENT_ACTIVATIONS = ("sigmoid", "hard_sigmoid", "tanh")
 INEXPRESSIBLE = "selu"  # no exact ONNX recurrent activation: the layer must stay a Loop
 MERGE_MODES = ("concat", "sum", "mul", "ave")
 MASKS = ("none", "masking", "input")
 ROW_KINDS = ("full", "post", "pre", "holed", "empty")
-STATE_COUNT = {"LSTM": 2, "GRU": 1, "SimpleRNN": 1}
-LOWER = {"LSTM": "lstm", "GRU": "gru", "SimpleRNN": "simple_rnn"}
 
 
 # -- the drawn data (plain, repr-able: a printed falsifying example replays as is) -----------------
@@ -244,7 +243,7 @@ def examples(draw, flavor: str) -> Example:
 # -- building and feeding -----------------------------------------------------------------------
 
 def layer_name(index: int, layer: LayerSpec) -> str:
-    return f"fz{index}_{LOWER[layer.kind]}"
+    return f"fz{index}_{SCOPE_NAME[layer.kind]}"
 
 
 LAYER_INDEX = re.compile(r"fz(\d+)_")  # the report names fz<i>_<kind> (or forward_/backward_ fz<i>_...)
@@ -329,9 +328,9 @@ def structure_problems(spec: ModelSpec, proto: onnx.ModelProto) -> tuple:
     if report is None:
         return ["no conversion report in the model's metadata"], [], {}
     outcomes = list(report.outcomes)
-    nodes = {n.name: n for n in parity.all_nodes(proto.graph)}
-    native = parity.nodes_of_types(proto, parity.RECURRENT_OPS)
-    loops = parity.nodes_of_types(proto, parity.LOOP_OPS)
+    nodes = {n.name: n for n in helpers.all_nodes(proto.graph)}
+    native = helpers.nodes_of_types(proto, helpers.RECURRENT_OPS)
+    loops = helpers.nodes_of_types(proto, helpers.LOOP_OPS)
     stats = dict(loops=len(outcomes), fused=sum(o.fused for o in outcomes),
                  kept=sum(not o.fused for o in outcomes), native_nodes=len(native), loop_nodes=len(loops))
 
@@ -339,7 +338,7 @@ def structure_problems(spec: ModelSpec, proto: onnx.ModelProto) -> tuple:
     for o in outcomes:
         if o.fused:
             node = nodes.get(o.node)
-            if o.became not in parity.RECURRENT_OPS:
+            if o.became not in helpers.RECURRENT_OPS:
                 problems.append(f"{o.layer}: became {o.became!r}, neither a native op nor Loop")
             elif node is None or node.op_type != o.became:
                 problems.append(f"{o.layer}: became {o.became} but names node {o.node!r}, not such a node")
@@ -365,13 +364,13 @@ def structure_problems(spec: ModelSpec, proto: onnx.ModelProto) -> tuple:
             unfused = [f"{o.layer}: {o.reason}" for o in entries if not o.fused]
             if unfused:
                 problems.append(f"{name} ({ls.activation}/{ls.recurrent_activation}) stayed a Loop: {unfused}")
-            expected_op = parity.ONNX_OP[ls.kind]
+            expected_op = helpers.ONNX_OP[ls.kind]
             for o in entries:
                 if o.fused and o.became != expected_op:
                     problems.append(f"{o.layer}: became {o.became}, expected {expected_op}")
             if ls.bidirectional and len(entries) == 2 and all(o.fused for o in entries):
                 node = nodes.get(entries[0].node)
-                if entries[0].node != entries[1].node or node is None or parity.direction_of(node) != "bidirectional":
+                if entries[0].node != entries[1].node or node is None or helpers.direction_of(node) != "bidirectional":
                     problems.append(f"Bidirectional as two nodes: {name}: Bidirectional became {len({o.node for o in entries})} nodes, "
                                  f"not one bidirectional node: {[(o.node, o.node_direction) for o in entries]}")
         else:
@@ -381,7 +380,7 @@ def structure_problems(spec: ModelSpec, proto: onnx.ModelProto) -> tuple:
 
     if len(native) != fused_nodes:
         problems.append(f"more native nodes than layers: {len(native)} native recurrent nodes "
-                        f"{[(n.op_type, parity.direction_of(n)) for n in native]}, expected {fused_nodes}")
+                        f"{[(n.op_type, helpers.direction_of(n)) for n in native]}, expected {fused_nodes}")
     if spec.expressible:
         if loops:
             problems.append(f"Loop/Scan nodes left: {[(n.op_type, n.name) for n in loops]}")
@@ -403,7 +402,7 @@ def parity_problems(spec: ModelSpec, model, proto: onnx.ModelProto, rounds) -> t
     graph_inputs = [i.name for i in proto.graph.input if i.name not in initializers]
     if sorted(graph_inputs) != sorted(spec.input_names()):
         return [f"ONNX inputs {graph_inputs}, expected {spec.input_names()}"], float("nan")
-    session = parity.ort_session(proto)
+    session = helpers.ort_session(proto)
     for index, rnd in enumerate(rounds):
         label = f"round {index} (batch {rnd.batch}, time {rnd.time}, rows {rnd.rows})"
         arrays = make_feeds(spec, rnd)
@@ -526,7 +525,7 @@ def check_streaming(flavor: str, example: Example, chunks: tuple) -> None:
     states = {i.name: np.zeros((rnd.batch, i.type.tensor_type.shape.dim[1].dim_value), np.float32)
               for i in proto.graph.input if i.name in streamed}
     assert len(states) == sum(STATE_COUNT[layer.kind] for layer in spec.layers), sorted(states)
-    session = parity.ort_session(proto)
+    session = helpers.ort_session(proto)
     names = [o.name for o in session.get_outputs()]
     outputs, start = [], 0
     for size in chunks:

@@ -6,6 +6,7 @@ import pytest
 
 import keras
 
+import helpers
 import tf2onnx_rnn  # noqa: E402
 from tf2onnx_rnn.api import supported_opsets  # noqa: E402
 from tf2onnx_rnn.verify import verify_keras  # noqa: E402
@@ -23,20 +24,20 @@ def _model():
     return model
 
 
-def test_supported_range_starts_at_14_and_reaches_18():
+def test_supported_range_starts_at_14_and_reaches_at_least_17():
     opsets = supported_opsets()
     assert opsets.start == 14 and opsets.stop - 1 >= 17
 
 
 @pytest.mark.parametrize("end", ["oldest", "newest"])
-def test_opset_ends(end):
+def test_oldest_and_newest_opsets_convert_to_native_nodes_and_match_keras(end):
     opsets = supported_opsets()
     opset = opsets.start if end == "oldest" else opsets.stop - 1
     model = _model()
     model_proto = tf2onnx_rnn.convert_keras(model, opset=opset)  # the conftest runs the full checker
     assert [o.version for o in model_proto.opset_import if o.domain in ("", "ai.onnx")] == [opset]
-    ops = [n.op_type for n in model_proto.graph.node]
-    assert sorted(op for op in ops if op in ("LSTM", "GRU", "RNN")) == ["GRU", "LSTM", "RNN"]
+    ops = helpers.op_types(model_proto)
+    assert sorted(op for op in ops if op in helpers.RECURRENT_OPS) == ["GRU", "LSTM", "RNN"]
     assert "Loop" not in ops
     rng = np.random.default_rng(9)
     x = rng.standard_normal((4, 6, 4)).astype(np.float32)

@@ -40,13 +40,13 @@ from typing import Optional
 import numpy as np
 import pytest
 
+import helpers
 import parity
-from parity import FEATURES, ONNX_OP, UNITS
+from helpers import ONNX_OP, SCOPE_NAME, STATE_NAMES
+from parity import FEATURES, UNITS
 
 VOCAB = 9  # Embedding input_dim: kept ids are 1..VOCAB-1, padded ids are 0
 TIMES = (6, 11)  # two padded lengths on the same converted model
-STATES = {"LSTM": ("h", "c"), "GRU": ("h",), "SimpleRNN": ("h",)}
-LOWER = {"LSTM": "lstm", "GRU": "gru", "SimpleRNN": "simple_rnn"}
 SOURCE_IN_REPORT = {"masking": "Masking", "embedding": "Embedding", "input": "mask input m"}
 
 
@@ -150,14 +150,14 @@ class MaskCase:
 
     @property
     def layer_name(self) -> str:
-        return "uut_" + LOWER[self.kind]
+        return "uut_" + SCOPE_NAME[self.kind]
 
     @property
     def state_inputs(self) -> list:
         if not self.initial_state:
             return []
         prefixes = ("init_fwd", "init_bwd") if self.bidirectional else ("init",)
-        return [f"{p}_{s}" for p in prefixes for s in STATES[self.kind]]
+        return [f"{p}_{s}" for p in prefixes for s in STATE_NAMES[self.kind]]
 
     @property
     def input_names(self) -> list:
@@ -167,7 +167,7 @@ class MaskCase:
     @property
     def output_count(self) -> int:
         sequences = 2 if self.bidirectional and self.merge_mode == "none" else 1
-        states = len(STATES[self.kind]) * (2 if self.bidirectional else 1) if self.return_state else 0
+        states = len(STATE_NAMES[self.kind]) * (2 if self.bidirectional else 1) if self.return_state else 0
         return sequences + states
 
     def expected_nodes(self) -> list:
@@ -428,21 +428,21 @@ def converted_post_padded(flavor: str, case):
 
 
 def describe(node) -> str:
-    return f"{node.op_type}({parity.direction_of(node)}) {node.name}"
+    return f"{node.op_type}({helpers.direction_of(node)}) {node.name}"
 
 
 def structure_problems(proto, case, unmasked: frozenset = frozenset()) -> list:
     """Native nodes as expected (one per Keras layer), no Loop/Scan, computed sequence_lens (none
     for the nodes of ``unmasked`` layers, which Keras runs without the mask)."""
     problems = []
-    loops = parity.nodes_of_types(proto, parity.LOOP_OPS)
+    loops = helpers.nodes_of_types(proto, helpers.LOOP_OPS)
     if loops:
         problems.append(f"Loop/Scan nodes left: {[(n.op_type, n.name) for n in loops]}")
-    recurrent = parity.nodes_of_types(proto, parity.RECURRENT_OPS)
+    recurrent = helpers.nodes_of_types(proto, helpers.RECURRENT_OPS)
     unmatched = list(recurrent)
     for op, directions, attrs in case.expected_nodes():
-        match = next((n for n in unmatched if n.op_type == op and parity.direction_of(n) in directions
-                      and all(parity.attribute(n, k) == v for k, v in attrs.items())), None)
+        match = next((n for n in unmatched if n.op_type == op and helpers.direction_of(n) in directions
+                      and all(helpers.attribute(n, k) == v for k, v in attrs.items())), None)
         if match is None:
             problems.append(f"no native {op} node with direction in {directions} and {attrs}")
         else:
@@ -503,7 +503,7 @@ def report_problems(proto, case, post_padded_assumed: bool = False, unmasked: fr
     outcomes = list(report.outcomes)
     if len(outcomes) != len(case.expected_loops()):
         problems.append(f"{len(outcomes)} report entries, expected {len(case.expected_loops())}")
-    recurrent_names = {n.name: n for n in parity.nodes_of_types(proto, parity.RECURRENT_OPS)}
+    recurrent_names = {n.name: n for n in helpers.nodes_of_types(proto, helpers.RECURRENT_OPS)}
     for layer, kind, direction in case.expected_loops():
         match = next((o for o in outcomes if layer in o.layer and o.kind == kind and o.direction == direction), None)
         if match is None:
@@ -540,7 +540,7 @@ def parity_problems(proto, model, case, seed: int, masks) -> list:
     if len(proto.graph.output) != case.output_count:
         problems.append(f"ONNX has {len(proto.graph.output)} outputs, expected {case.output_count}")
     try:
-        session = parity.ort_session(proto)
+        session = helpers.ort_session(proto)
     except Exception as error:  # noqa: BLE001
         return problems + [f"onnxruntime cannot load the model: {type(error).__name__}: {error}"]
     for index, (label, mask) in enumerate(masks):
@@ -567,6 +567,7 @@ def fail_with(problems: list, proto, flavor: str, case) -> None:
 # -- 1. the design itself -----------------------------------------------------------------------
 
 def test_design_covers_every_required_pair():
+    """Every required pair of factor values is in some case; every case is valid, with a unique id."""
     covered = set().union(*(row_pairs({name: getattr(case, name) for name in FACTORS}) for case in CASES))
     assert required_pairs() <= covered
     assert len({case.id for case in CASES}) == len(CASES), "duplicate cases"
@@ -575,7 +576,7 @@ def test_design_covers_every_required_pair():
 
 def test_design_meets_the_brief():
     """Each kind meets each direction and each mask source; merge modes concat, sum and None;
-    initial states with return_state one-directional and Bidirectional."""
+    initial states with return_state one-directional and Bidirectional; return_sequences both ways."""
     for variant, direction, source in itertools.product(VARIANTS, FACTORS["direction"], FACTORS["source"]):
         assert any(c.variant == variant and c.direction == direction for c in CASES), (variant, direction)
         assert any(c.variant == variant and c.source == source for c in CASES), (variant, source)
@@ -587,7 +588,8 @@ def test_design_meets_the_brief():
 
 
 def test_rounds_mix_every_row_kind():
-    """Each padded length has full, post-padded, pre-padded, holed and empty rows."""
+    """Each padded length has full, post-padded, pre-padded, holed and empty rows; the rounds for
+    assume_post_padded have post-padded rows only."""
     for (_, mask), time in zip(rounds()[:2], TIMES):
         assert mask.shape == (len(ROW_KINDS), time)
         kept = [np.flatnonzero(row) for row in mask]
@@ -651,10 +653,10 @@ def test_keras3_implicit_mask_with_initial_state_is_ignored_like_keras(case: Mas
     entry = converted(flavor, case)
     proto = entry.proto
     problems = []
-    loops = parity.nodes_of_types(proto, parity.LOOP_OPS)
+    loops = helpers.nodes_of_types(proto, helpers.LOOP_OPS)
     if loops:
         problems.append(f"Loop/Scan nodes left: {[(n.op_type, n.name) for n in loops]}")
-    recurrent = parity.nodes_of_types(proto, parity.RECURRENT_OPS)
+    recurrent = helpers.nodes_of_types(proto, helpers.RECURRENT_OPS)
     if [n.op_type for n in recurrent] != [ONNX_OP[case.kind]]:
         problems.append(f"native nodes {[describe(n) for n in recurrent]}, expected one {ONNX_OP[case.kind]}")
     report = report_of(proto)

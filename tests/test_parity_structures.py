@@ -32,13 +32,13 @@ from typing import Optional
 import numpy as np
 import pytest
 
+import helpers
 import parity
-from parity import FEATURES, ONNX_OP, UNITS
+from helpers import KINDS, ONNX_OP, SCOPE_NAME, STATE_NAMES
+from parity import FEATURES, UNITS
 
 ROUNDS = ((3, 5), (3, 9))  # (batch, time), both on the same converted model
 MERGE_MODES = ("concat", "sum", "mul", "ave", None)
-STATES = {"LSTM": ("h", "c"), "GRU": ("h",), "SimpleRNN": ("h",)}
-LOWER = {"LSTM": "lstm", "GRU": "gru", "SimpleRNN": "simple_rnn"}
 # ops allowed on the data path from one recurrent node's output to the next one's X
 PASS_THROUGH = frozenset({"Squeeze", "Unsqueeze", "Slice", "Split", "Concat", "ReverseSequence", "Identity"})
 
@@ -54,8 +54,8 @@ class Node:
     attrs: tuple = ()  # ((name, value), ...)
 
     def accepts(self, node) -> bool:
-        return (node.op_type == self.op and parity.direction_of(node) in self.directions
-                and all(parity.attribute(node, k) == v for k, v in self.attrs))
+        return (node.op_type == self.op and helpers.direction_of(node) in self.directions
+                and all(helpers.attribute(node, k) == v for k, v in self.attrs))
 
     def __str__(self):
         extra = "".join(f", {k}={v}" for k, v in self.attrs)
@@ -119,7 +119,7 @@ def seq_input(name: str = "x", features: int = FEATURES, time_delta: int = 0) ->
 
 
 def state_inputs(prefix: str, kind: str) -> tuple:
-    return tuple((f"{prefix}_{s}", "state", UNITS, 0) for s in STATES[kind])
+    return tuple((f"{prefix}_{s}", "state", UNITS, 0) for s in STATE_NAMES[kind])
 
 
 # -- cases ------------------------------------------------------------------------------------
@@ -171,11 +171,11 @@ class Bidi:
     def build(self, K):
         common = dict(return_sequences=self.return_sequences, return_state=self.return_state,
                       reset_after=self.reset_after)
-        inner = rnn_layer(K, self.kind, "uut_" + LOWER[self.kind], **common)
+        inner = rnn_layer(K, self.kind, "uut_" + SCOPE_NAME[self.kind], **common)
         extra = {}
         if self.backward:
             activation = {"same": {}, "relu": {"activation": "relu"}}[self.backward]
-            extra["backward_layer"] = rnn_layer(K, self.kind, "back_" + LOWER[self.kind], go_backwards=True,
+            extra["backward_layer"] = rnn_layer(K, self.kind, "back_" + SCOPE_NAME[self.kind], go_backwards=True,
                                                 **common, **activation)
         bi = K.layers.Bidirectional(inner, merge_mode=self.merge_mode, name="uut_bi", **extra)
         inputs = make_keras_inputs(K, self.inputs)
@@ -190,7 +190,7 @@ class Bidi:
             return []
         problems = []
         slots = (5, 6) if self.kind == "LSTM" else (5,)
-        for node in parity.nodes_of_types(proto, {ONNX_OP[self.kind]}):
+        for node in helpers.nodes_of_types(proto, {ONNX_OP[self.kind]}):
             for slot in slots:
                 if len(node.input) <= slot or not node.input[slot]:
                     problems.append(f"node {node.name} has no initial state input {slot}: {list(node.input)}")
@@ -248,7 +248,7 @@ class Stack:
     def extra_checks(self, proto) -> list:
         """Between recurrent nodes only slicing, squeezing, concatenation and reversal."""
         problems = []
-        recurrent = parity.nodes_of_types(proto, parity.RECURRENT_OPS)
+        recurrent = helpers.nodes_of_types(proto, helpers.RECURRENT_OPS)
         for node in recurrent:
             ops, sources = data_path(proto, node.input[0])
             if not sources:
@@ -350,7 +350,7 @@ class Single:
 
     @property
     def name(self) -> str:
-        return "uut_rnn" if self.cell else "uut_" + LOWER[self.kind]
+        return "uut_rnn" if self.cell else "uut_" + SCOPE_NAME[self.kind]
 
     @property
     def nodes(self) -> Optional[tuple]:
@@ -411,7 +411,7 @@ def bidi_design(kind: str) -> list:
     return cases
 
 
-BIDI_CASES = [case for kind in ("LSTM", "GRU", "SimpleRNN") for case in bidi_design(kind)]
+BIDI_CASES = [case for kind in KINDS for case in bidi_design(kind)]
 
 INITIAL_STATE_CASES = [
     Bidi("LSTM", "concat", True, True, initial_state=True, section="initial_state"),
@@ -508,7 +508,7 @@ def data_path(proto, tensor: str):
         node = producers.get(name)
         if node is None:
             sources.add("input")
-        elif node.op_type in parity.RECURRENT_OPS:
+        elif node.op_type in helpers.RECURRENT_OPS:
             sources.add(node.name)
         else:
             ops.append(node)
@@ -535,12 +535,12 @@ def report_rows(outcomes: list, ref: str, direction: Optional[str]) -> list:
 # -- the checks ---------------------------------------------------------------------------------
 
 def check_nodes(case, proto) -> None:
-    recurrent = parity.nodes_of_types(proto, parity.RECURRENT_OPS)
+    recurrent = helpers.nodes_of_types(proto, helpers.RECURRENT_OPS)
     for node in recurrent:
-        assert parity.attribute(node, "hidden_size") == UNITS, f"{node.name}: hidden_size"
+        assert helpers.attribute(node, "hidden_size") == UNITS, f"{node.name}: hidden_size"
     if case.nodes is None:
         return
-    found = [f"{n.op_type}({parity.direction_of(n)}) {n.name}" for n in recurrent]
+    found = [f"{n.op_type}({helpers.direction_of(n)}) {n.name}" for n in recurrent]
     unmatched = list(recurrent)
     for expected in case.nodes:
         hit = next((n for n in unmatched if expected.accepts(n)), None)
@@ -550,7 +550,7 @@ def check_nodes(case, proto) -> None:
 
 
 def check_loops(case, proto, report) -> None:
-    loops = parity.nodes_of_types(proto, parity.LOOP_OPS)
+    loops = helpers.nodes_of_types(proto, helpers.LOOP_OPS)
     kept = [o for o in report.outcomes if not o.fused] if report is not None else []
     described = [f"{n.op_type} {n.name}" for n in loops]
     if all(loop.became not in (None, "Loop") for loop in case.loops) or not kept:
@@ -564,7 +564,7 @@ def check_report(case, proto, model, report) -> None:
     assert report is not None, "no conversion report in the model's metadata"
     outcomes = list(report.outcomes)
     assert len(outcomes) == len(case.loops), f"{len(outcomes)} report entries, expected {len(case.loops)}"
-    nodes = {n.name: n for n in parity.all_nodes(proto.graph)}
+    nodes = {n.name: n for n in helpers.all_nodes(proto.graph)}
     for expected in case.loops:
         name = expected.layer
         matching = report_rows(outcomes, name, expected.direction)
@@ -588,8 +588,8 @@ def check_report(case, proto, model, report) -> None:
         node = nodes.get(outcome.node)
         assert node is not None and node.op_type == outcome.became, \
             f"{what}: names node {outcome.node!r}, which is not a {outcome.became} node of the graph"
-        assert parity.direction_of(node) == outcome.node_direction, \
-            f"{what}: node_direction {outcome.node_direction!r}, the node's direction is {parity.direction_of(node)!r}"
+        assert helpers.direction_of(node) == outcome.node_direction, \
+            f"{what}: node_direction {outcome.node_direction!r}, the node's direction is {helpers.direction_of(node)!r}"
         if expected.became is not None:
             assert outcome.node_direction in expected.node_directions, \
                 f"{what}: node_direction {outcome.node_direction!r}, expected {expected.node_directions}"
@@ -599,11 +599,11 @@ def check_report(case, proto, model, report) -> None:
         if outcome.fused:
             for name in (outcome.node,) + tuple(outcome.cell_nodes):  # a stack's cells below the top too
                 by_node.setdefault(name, []).append(outcome.direction)
-    for node in parity.nodes_of_types(proto, parity.RECURRENT_OPS):
+    for node in helpers.nodes_of_types(proto, helpers.RECURRENT_OPS):
         directions = sorted(by_node.get(node.name, []))
-        wanted = ["backward", "forward"] if parity.direction_of(node) == "bidirectional" else directions[:1]
+        wanted = ["backward", "forward"] if helpers.direction_of(node) == "bidirectional" else directions[:1]
         assert directions and directions == wanted, \
-            f"node {node.name} ({parity.direction_of(node)}) is named by report entries with directions {directions}"
+            f"node {node.name} ({helpers.direction_of(node)}) is named by report entries with directions {directions}"
 
 
 def check_parity(case, flavor, proto, model) -> None:
@@ -611,7 +611,7 @@ def check_parity(case, flavor, proto, model) -> None:
     graph_inputs = [i.name for i in proto.graph.input if i.name not in initializers]
     names = [spec[0] for spec in case.inputs]
     assert sorted(graph_inputs) == sorted(names), f"ONNX inputs {graph_inputs}, Keras inputs {names}"
-    session = parity.ort_session(proto)
+    session = helpers.ort_session(proto)
     seed = zlib.crc32(f"{flavor}/{case.id}".encode())
     for index, (batch, time) in enumerate(ROUNDS):
         arrays = make_arrays(case, batch, time, seed + 1 + index)
@@ -665,7 +665,7 @@ def test_structure_converts_natively_and_matches_keras(flavor: str, case):
 
 # -- the case tables themselves -------------------------------------------------------------------
 
-@pytest.mark.parametrize("kind", ["LSTM", "GRU", "SimpleRNN"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_bidirectional_design_covers_merge_modes_and_return_options(kind):
     rows = [c for c in BIDI_CASES if c.kind == kind]
     assert len(rows) <= 12

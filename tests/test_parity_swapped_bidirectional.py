@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import tf_keras
 
+import helpers
 import parity
 import tf2onnx_rnn
 
@@ -31,11 +32,11 @@ def test_swapped_directions_become_one_bidirectional_node(kind, merge_mode, mask
     parity.randomize_weights(model, seed=3)
     model_proto = tf2onnx_rnn.convert_keras(model)
 
-    native = parity.nodes_of_types(model_proto, parity.RECURRENT_OPS)
-    assert len(native) == 1 and native[0].op_type == parity.ONNX_OP[kind]
-    assert parity.direction_of(native[0]) == "bidirectional"
-    assert not parity.nodes_of_types(model_proto, parity.LOOP_OPS)
-    session = parity.ort_session(model_proto)
+    native = helpers.nodes_of_types(model_proto, helpers.RECURRENT_OPS)
+    assert len(native) == 1 and native[0].op_type == helpers.ONNX_OP[kind]
+    assert helpers.direction_of(native[0]) == "bidirectional"
+    assert not helpers.nodes_of_types(model_proto, helpers.LOOP_OPS)
+    session = helpers.ort_session(model_proto)
     for steps in (6, 9):
         x = np.random.default_rng(steps).standard_normal((5, steps, 3)).astype(np.float32)
         x = _rows(x) if masked else x

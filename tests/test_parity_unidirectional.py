@@ -16,8 +16,10 @@ import numpy as np
 import onnx
 import pytest
 
+import helpers
 import parity
-from parity import ONNX_OP, Case
+from helpers import ONNX_OP
+from parity import Case
 
 CASES = parity.cases()
 PARAMS = [pytest.param(flavor, case, id=f"{flavor}-{case.id}") for flavor in parity.FLAVORS for case in CASES]
@@ -45,12 +47,12 @@ def test_case_ids_are_unique():
 @pytest.mark.parametrize("flavor, case", PARAMS)
 def test_one_native_node_of_the_layers_op(flavor: str, case: Case):
     proto = parity.converted(flavor, case).proto
-    recurrent = parity.nodes_of_types(proto, parity.RECURRENT_OPS)
+    recurrent = helpers.nodes_of_types(proto, helpers.RECURRENT_OPS)
     assert [n.op_type for n in recurrent] == [ONNX_OP[case.kind]], \
         f"expected one {ONNX_OP[case.kind]} node, got {[(n.op_type, n.name) for n in recurrent]}\n" \
         + parity.report_table(proto)
     (node,) = recurrent
-    assert parity.attribute(node, "hidden_size") == parity.UNITS
+    assert helpers.attribute(node, "hidden_size") == parity.UNITS
 
 
 # -- (b) no loops -------------------------------------------------------------------------
@@ -58,7 +60,7 @@ def test_one_native_node_of_the_layers_op(flavor: str, case: Case):
 @pytest.mark.parametrize("flavor, case", PARAMS)
 def test_no_loop_or_scan_anywhere(flavor: str, case: Case):
     proto = parity.converted(flavor, case).proto
-    loops = parity.nodes_of_types(proto, parity.LOOP_OPS)
+    loops = helpers.nodes_of_types(proto, helpers.LOOP_OPS)
     assert not loops, f"Loop/Scan nodes left: {[(n.op_type, n.name) for n in loops]}\n" + parity.report_table(proto)
 
 
@@ -73,7 +75,7 @@ def test_outputs_match_keras(flavor: str, case: Case):
     names = parity.input_names(case)
     assert sorted(graph_inputs) == sorted(names), f"ONNX inputs {graph_inputs}, Keras inputs {names}"
     assert len(proto.graph.output) == parity.expected_output_count(case)
-    session = parity.ort_session(proto)
+    session = helpers.ort_session(proto)
     seed = parity.case_seed(flavor, case)
     for round_index, (batch, time) in enumerate(parity.ROUNDS):
         arrays = parity.make_inputs(case, batch, time, seed + 1 + round_index)
@@ -105,7 +107,7 @@ def test_report_lists_the_layer_as_fused(flavor: str, case: Case):
     assert outcome.kind == case.kind, report.table()
     assert outcome.became == ONNX_OP[case.kind], report.table()
     assert outcome.direction == ("backward" if case.go_backwards else "forward"), report.table()
-    named = [n for n in parity.all_nodes(proto.graph) if n.name == outcome.node]
+    named = [n for n in helpers.all_nodes(proto.graph) if n.name == outcome.node]
     assert [n.op_type for n in named] == [outcome.became], \
         f"the report names node {outcome.node!r}, the graph has {[(n.op_type, n.name) for n in named]}"
     assert not report.loops, report.table()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 
+import helpers
 import parity
 import tf2onnx_rnn
 
@@ -52,14 +53,14 @@ def test_rows_name_the_keras_layers(flavor, nested):
     model_proto = tf2onnx_rnn.convert_keras(model)
     report = tf2onnx_rnn.report_of(model_proto)
     table = report.table()
-    nodes = {n.name: n for n in parity.all_nodes(model_proto.graph)}
+    nodes = {n.name: n for n in helpers.all_nodes(model_proto.graph)}
     problems = []
     for row in report.outcomes:
         node = nodes.get(row.node)
         if not row.fused or node is None:
             problems.append(f"loop {row.loop}: not fused into a node of the graph ({row.became}, {row.node!r})")
             continue
-        layer = BY_UNITS.get(parity.attribute(node, "hidden_size"))
+        layer = BY_UNITS.get(helpers.attribute(node, "hidden_size"))
         if row.layer != layer:
             problems.append(f"loop {row.loop} became node {row.node} of layer {layer!r}; the row names {row.layer!r}")
     counts = {name: sum(row.layer == name for row in report.outcomes) for name in ROWS}

@@ -18,12 +18,13 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
+import helpers
 import parity
 import tf2onnx_rnn
 
 FEATURES = 3
-ONNX_OP = {"LSTM": "LSTM", "GRU": "GRU", "GRU_before": "GRU", "SimpleRNN": "RNN"}
-STATES = {"LSTM": 2, "GRU": 1, "GRU_before": 1, "SimpleRNN": 1}
+ONNX_OP = {**helpers.ONNX_OP, "GRU_before": "GRU"}  # GRU_before: a GRU cell with reset_after=False
+STATES = {**helpers.STATE_COUNT, "GRU_before": 1}
 UNITS = (4, 3, 2)
 
 
@@ -111,7 +112,7 @@ def converted(flavor: str, case: Case):
 
 
 def parity_problems(flavor: str, case: Case, model, model_proto) -> list:
-    session = parity.ort_session(model_proto)
+    session = helpers.ort_session(model_proto)
     names = [i.name for i in model_proto.graph.input]
     problems = []
     for batch, time in ((4, 6), (1, 7)):
@@ -142,14 +143,14 @@ def test_stacked_cells_become_one_node_per_cell(flavor, case):
         kinds = [kind.split("_")[0] for kind in case.cells]
         if re.findall(r"(\w+) \[", row.activations) != kinds or not row.activations.startswith("cells: "):
             problems.append(f"the row does not name the cells {kinds} in order: {row.activations}")
-    node_types = {n.name: n.op_type for n in parity.nodes_of_types(model_proto, parity.RECURRENT_OPS)}
+    node_types = {n.name: n.op_type for n in helpers.nodes_of_types(model_proto, helpers.RECURRENT_OPS)}
     for row in rows:  # the row names every cell's node: the lower ones in cell_nodes, the top one in node
         named = [node_types.get(name) for name in row.cell_nodes + (row.node,)]
         if named != [ONNX_OP[kind] for kind in case.cells]:
             problems.append(f"the row names nodes of types {named}")
-    if parity.nodes_of_types(model_proto, parity.LOOP_OPS):
+    if helpers.nodes_of_types(model_proto, helpers.LOOP_OPS):
         problems.append("Loop/Scan left")
-    native = [n.op_type for n in parity.nodes_of_types(model_proto, parity.RECURRENT_OPS)]
+    native = [n.op_type for n in helpers.nodes_of_types(model_proto, helpers.RECURRENT_OPS)]
     if sorted(native) != sorted([ONNX_OP[kind] for kind in case.cells] * loops):
         problems.append(f"native nodes {native}")
     problems += parity_problems(flavor, case, model, model_proto)
@@ -164,7 +165,7 @@ def test_a_stack_streams_with_a_state_per_cell(flavor):
     state_names = [i.name for i in model_proto.graph.input if i.name != "x"]
     assert state_names == ["stack/cell_0/h_in", "stack/cell_0/c_in", "stack/cell_1/h_in", "stack/cell_2/h_in"]
     x = case.feeds(2, 9, 5)[0]
-    session = parity.ort_session(model_proto)
+    session = helpers.ort_session(model_proto)
     names = [o.name for o in session.get_outputs()]
     sizes = {i.name: i.type.tensor_type.shape.dim[1].dim_value for i in model_proto.graph.input if i.name != "x"}
     states = {name: np.zeros((2, size), np.float32) for name, size in sizes.items()}

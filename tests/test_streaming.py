@@ -16,6 +16,7 @@ import zlib
 import numpy as np
 import pytest
 
+import helpers
 import parity
 import tf2onnx_rnn
 from tf2onnx_rnn import ConversionError
@@ -71,7 +72,7 @@ def state_inputs(model_proto) -> dict:
 
 def run_chunks(model_proto, x: np.ndarray, chunks=CHUNKS, states=None):
     """Outputs of every chunk (ONNX output 0), states carried from zeros (or ``states``)."""
-    session = parity.ort_session(model_proto)
+    session = helpers.ort_session(model_proto)
     names = [o.name for o in session.get_outputs()]
     inputs = state_inputs(model_proto)
     states = states or {name: np.zeros((x.shape[0], units), np.float32) for name, units in inputs.items()}
@@ -87,7 +88,7 @@ def run_chunks(model_proto, x: np.ndarray, chunks=CHUNKS, states=None):
 @pytest.mark.parametrize("flavor, name", [(f, n) for f in parity.FLAVORS for n in MODELS])
 def test_chunked_equals_whole(flavor, name):
     model, model_proto = build(flavor, name)
-    assert not parity.nodes_of_types(model_proto, parity.LOOP_OPS)
+    assert not helpers.nodes_of_types(model_proto, helpers.LOOP_OPS)
     x = sequence(name)
     whole = np.asarray(model(x, training=False))
     outputs, _ = run_chunks(model_proto, x)
@@ -220,7 +221,7 @@ def test_a_state_the_model_gives_stays_the_models(flavor):
     assert row.state_inputs == ("",) and row.state_outputs == ("gru/h_out",)
     xs = sequence("given", batch=3)
     start = np.random.default_rng(3).standard_normal((3, 4)).astype(np.float32)
-    session = parity.ort_session(model_proto)
+    session = helpers.ort_session(model_proto)
     names = [o.name for o in session.get_outputs()]
     result = dict(zip(names, session.run(None, {"x": xs, "h0": start})))
     np.testing.assert_allclose(result[names[0]], np.asarray(model([xs, start], training=False)),

@@ -26,6 +26,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+import helpers  # noqa: E402  (tests/ is on sys.path, see conftest.py)
 import parity  # noqa: E402  (tests/ is on sys.path, see conftest.py)
 import tf2onnx_rnn  # noqa: E402
 from tf2onnx_rnn import api  # noqa: E402
@@ -273,7 +274,7 @@ def test_special_model_really_gives_nan_and_inf(flavor, models):
     built = models(flavor, "special")
     x = np.random.default_rng(0).standard_normal((2, 6, FEATURES)).astype(np.float32)
     for model_proto in (built.keras_proto, built.saved_proto):
-        (got,) = parity.run_onnx(parity.ort_session(model_proto), ["x"], [x])
+        (got,) = parity.run_onnx(helpers.ort_session(model_proto), ["x"], [x])
         for values in (got, np.asarray(built.model(x, training=False))):
             assert np.isnan(values[:, 0]).all() and (values[:, 1] == np.inf).all()
             assert np.isfinite(values[:, 2]).all()

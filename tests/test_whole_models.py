@@ -37,6 +37,7 @@ from typing import Callable, Optional
 import numpy as np
 import pytest
 
+import helpers
 import parity
 from parity import FEATURES, FLAVORS, UNITS
 
@@ -489,7 +490,7 @@ def problems_of(flavor: str, case) -> tuple:
         problems.append(f"graph inputs {onnx_names}, the Keras model's are {want_names}")
         return problems, proto
     try:
-        session = parity.ort_session(proto)
+        session = helpers.ort_session(proto)
     except Exception as error:  # noqa: BLE001 - the message is the finding
         return problems + [f"onnxruntime cannot load the model: {first_line(error)}"], proto
     output_names = [o.name for o in proto.graph.output]
@@ -586,11 +587,11 @@ def run_handler_function(opset: int, nan: bool = False) -> tuple:
     function = handler_function()
     proto, _ = tf2onnx.convert.from_function(function, input_signature=function.input_signature, opset=opset)
     onnx.checker.check_model(proto, full_check=True)
-    left = sorted({n.op_type for n in parity.all_nodes(proto.graph)} & HANDLED_OPS)
+    left = sorted(set(helpers.op_types(proto)) & HANDLED_OPS)
     assert not left, f"TF ops left in the graph: {left}"
     arrays = [handler_inputs("float32", nan), handler_inputs("float64", nan)]
     expected = {key: value.numpy() for key, value in function(*arrays).items()}
-    session = parity.ort_session(proto)
+    session = helpers.ort_session(proto)
     names = [i.name for i in session.get_inputs()]
     assert len(names) == 2, names
     feeds = dict(zip(names, arrays if "32" in names[0] else arrays[::-1]))
@@ -655,12 +656,14 @@ def test_conversion_registers_the_handlers_lazily_and_keeps_tf2onnx_handlers():
             def version_1(cls, ctx, node, **kwargs):
                 pass
 
-        import keras, onnxruntime
+        import keras
+        sys.path.insert(0, sys.argv[1])  # tests/, for helpers
+        import helpers
         x = keras.Input((None, 3), name="x")
         model = keras.Model(x, keras.layers.Dense(4, activation="gelu")(keras.layers.LSTM(2, return_sequences=True)(x)))
         proto = tf2onnx_rnn.convert_keras(model)
         data = np.linspace(-4, 4, 2 * 5 * 3, dtype=np.float32).reshape(2, 5, 3)
-        session = onnxruntime.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+        session = helpers.ort_session(proto)
         error = np.abs(session.run(None, {"x": data})[0] - np.asarray(model(data, training=False))).max()
         assert error <= 1e-5, error
         assert tf2onnx_rnn.handlers._REGISTERED, "convert_keras did not register the handlers"
@@ -673,5 +676,7 @@ def test_conversion_registers_the_handlers_lazily_and_keeps_tf2onnx_handlers():
         print("ok")
     """)
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    tests = os.path.dirname(os.path.abspath(__file__))
+    result = subprocess.run([sys.executable, "-c", script, tests], capture_output=True, text=True, env=env,
+                            timeout=300)
     assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]

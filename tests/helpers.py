@@ -1,0 +1,95 @@
+"""Helpers the test modules share: the recurrent kinds, onnxruntime sessions and graph walking.
+
+Test modules import it by plain name (``import helpers``): ``tests/`` is on ``sys.path`` (see
+conftest.py). It imports neither TensorFlow nor Keras, and onnxruntime only when a session is made.
+"""
+from __future__ import annotations
+
+import collections
+import os
+from typing import TYPE_CHECKING, Iterator, Union
+
+import onnx
+
+if TYPE_CHECKING:
+    import onnxruntime
+
+# -- the recurrent kinds ------------------------------------------------------------------------
+
+KINDS = ("LSTM", "GRU", "SimpleRNN")  # the Keras layers (and cells) that become native nodes
+# ONNX op each Keras kind must become, and the kind the report must name
+ONNX_OP = {"LSTM": "LSTM", "GRU": "GRU", "SimpleRNN": "RNN"}
+RECURRENT_OPS = frozenset({"LSTM", "GRU", "RNN"})
+LOOP_OPS = frozenset({"Loop", "Scan"})
+# a kind's states, in Keras's order (its return_state outputs and initial_state inputs)
+STATE_NAMES = {"LSTM": ("h", "c"), "GRU": ("h",), "SimpleRNN": ("h",)}
+STATE_COUNT = {kind: len(names) for kind, names in STATE_NAMES.items()}
+# a kind's default layer name and name scope in Keras ("simple_rnn" for SimpleRNN)
+SCOPE_NAME = {"LSTM": "lstm", "GRU": "gru", "SimpleRNN": "simple_rnn"}
+
+
+# -- onnxruntime --------------------------------------------------------------------------------
+
+def ort_session(model: Union[onnx.ModelProto, str, os.PathLike]) -> onnxruntime.InferenceSession:
+    """A CPU onnxruntime session, one thread, on a model proto or on a file (str or path-like;
+    external data is resolved beside the file)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else os.fspath(model)
+    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+
+
+# -- graph walking ------------------------------------------------------------------------------
+
+GraphLike = Union[onnx.ModelProto, onnx.GraphProto]
+
+
+def _graph(model: GraphLike) -> onnx.GraphProto:
+    return model.graph if isinstance(model, onnx.ModelProto) else model
+
+
+def all_nodes(model: GraphLike) -> Iterator[onnx.NodeProto]:
+    """Every node of a model or graph and of its subgraphs (GRAPH and GRAPHS attributes: Loop and
+    Scan bodies, If branches), recursively, each node before its subgraphs' nodes."""
+    for node in _graph(model).node:
+        yield node
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from all_nodes(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for subgraph in attr.graphs:
+                    yield from all_nodes(subgraph)
+
+
+def op_types(model: GraphLike) -> list:
+    """The op type of every node, those in subgraphs included (in :func:`all_nodes`'s order)."""
+    return [node.op_type for node in all_nodes(model)]
+
+
+def nodes_of_types(model: GraphLike, types) -> list:
+    """Every node (subgraphs included) whose op type is in ``types``."""
+    return [node for node in all_nodes(model) if node.op_type in types]
+
+
+def op_counts(model: GraphLike) -> collections.Counter:
+    """How many nodes of each op type, subgraphs included (0 for an op type not there)."""
+    return collections.Counter(op_types(model))
+
+
+def attribute(node: onnx.NodeProto, name: str):
+    """The value of a node's attribute (``onnx.helper.get_attribute_value``), None if not set."""
+    for attr in node.attribute:
+        if attr.name == name:
+            return onnx.helper.get_attribute_value(attr)
+    return None
+
+
+def direction_of(node: onnx.NodeProto) -> str:
+    """A recurrent node's ``direction`` attribute (ONNX's default is forward)."""
+    value = attribute(node, "direction")
+    if value is None:
+        return "forward"
+    return value.decode() if isinstance(value, bytes) else str(value)
