@@ -4,6 +4,10 @@ A chain is identified by its values, not by its op types: the chain is evaluated
 points and compared with each activation ONNX's LSTM/GRU/RNN accept, fitting alpha/beta
 where the activation has them. So Keras 3's ``relu6(x + 3) / 6`` and tf_keras's
 ``clip(0.2 x + 0.5, 0, 1)`` both come out as HardSigmoid, each with its own alpha.
+
+The dense probes cover [-12, 12]; a chain must also agree with the candidate far beyond them
+(out to float16's largest value), or ``clip(x, -20, 20)`` and ``min(relu(x), 30)`` would pass
+for Affine and Relu, which they are only on the dense range.
 """
 from __future__ import annotations
 
@@ -19,6 +23,10 @@ _PROBES = np.concatenate([
     np.array([-1e-3, 1e-3, -0.5, 0.5, 2.5, -2.5, 3.0, -3.0]),
 ]).astype(np.float32)
 _TOLERANCE = 2e-6
+# geometric steps (ratio ~1.03) from the dense range out to 6e4: a kink or clip anywhere there
+# shows; float16 chains stay finite (float16's largest value is 65504)
+_FAR = np.geomspace(12.5, 6e4, 300)
+_FAR_PROBES = np.concatenate([-_FAR[::-1], _FAR]).astype(np.float32)
 
 
 def _sigmoid(x):
@@ -78,14 +86,58 @@ def _round(value: float) -> float:
 
 def identify(function: Callable[[np.ndarray], np.ndarray], where: str) -> Activation:
     """The ONNX activation equal to ``function`` on every probe point, else :class:`NoMatch`."""
+    function = _per_unit(function, where)
     try:
         actual = np.asarray(function(_PROBES), dtype=np.float64)
     except NotEvaluable as error:
         raise NoMatch(f"activation uses {error.reason}", error.node_name) from error
     if actual.shape != _PROBES.shape or not np.all(np.isfinite(actual)):
         raise NoMatch("activation is not an element-wise function", where)
+    with np.errstate(all="ignore"):
+        far = _far_values(function)
     for activation, reference in _candidates(function):
         expected = reference(_PROBES.astype(np.float64))
-        if np.max(np.abs(expected - actual) / np.maximum(1.0, np.abs(expected))) <= _TOLERANCE:
+        if np.max(np.abs(expected - actual) / np.maximum(1.0, np.abs(expected))) <= _TOLERANCE \
+                and far is not None and _agrees(reference, far):
             return activation
     raise NoMatch("activation has no exact ONNX recurrent equivalent", where)
+
+
+def _per_unit(function: Callable[[np.ndarray], np.ndarray], where: str) -> Callable[[np.ndarray], np.ndarray]:
+    """``function`` on 1-D points, evaluated on them as a column: a constant of the chain with
+    one value per unit (``tanh(x) * [0.5, 2]``) then broadcasts to one column per unit, and the
+    chain is one activation only when every column is the same (ONNX applies one activation to
+    every unit)."""
+    def on_points(points: np.ndarray) -> np.ndarray:
+        points = np.asarray(points)
+        try:
+            values = np.asarray(function(points.reshape(-1, 1)))
+        except ValueError as error:  # a constant that does not broadcast against a column
+            raise NoMatch(f"activation is not an element-wise function ({error})", where) from error
+        if values.ndim < 2 or values.shape[-2] != points.size or int(np.prod(values.shape[:-2])) != 1:
+            raise NoMatch("activation is not an element-wise function", where)
+        values = values.reshape(points.size, -1)
+        first = values[:, :1]
+        if not np.all((values == first) | (np.isnan(values) & np.isnan(first))):
+            raise NoMatch("activation differs between units (a constant with one value per unit)", where)
+        return values[:, 0]
+
+    return on_points
+
+
+def _far_values(function: Callable[[np.ndarray], np.ndarray]):
+    """``function`` on the far probes (None when it does not evaluate there element-wise)."""
+    try:
+        values = np.asarray(function(_FAR_PROBES), dtype=np.float64)
+    except (NotEvaluable, NoMatch):
+        return None
+    return values if values.shape == _FAR_PROBES.shape else None
+
+
+def _agrees(reference: Callable[[np.ndarray], np.ndarray], actual: np.ndarray) -> bool:
+    """Whether ``reference`` gives ``actual`` on the far probes: within the tolerance, or the
+    same infinity (NaN never agrees)."""
+    with np.errstate(all="ignore"):
+        expected = np.asarray(reference(_FAR_PROBES.astype(np.float64)), dtype=np.float64)
+        close = np.abs(expected - actual) <= _TOLERANCE * np.maximum(1.0, np.abs(expected))
+    return bool(np.all(close | (expected == actual)))
