@@ -43,7 +43,7 @@ def build_pass(graph, loop, match: BodyMatch, name: str, others: frozenset = fro
     outputs = _outputs(graph, loop, match, direction, others)
     return Pass(loop=loop.name, name=name, kind=match.kind, direction=direction,
                 activations=match.activations, attributes=match.attributes,
-                wiring=Wiring(x=x, x_unreversed=x_unreversed, initial_states=_initial_states(graph, loop, match),
+                wiring=Wiring(x=x, x_unreversed=x_unreversed, **_initial_states(graph, loop, match),
                               **outputs, **_mask_wiring(graph, loop, match, direction)),
                 **_gate_weights(graph, loop, match))
 
@@ -237,16 +237,29 @@ def _require_single_element_list(graph, loop, slot: int) -> None:
     require(size == 1, "the loop writes its output at index 0 of a list longer than one", loop.name)
 
 
-def _initial_states(graph, loop, match: BodyMatch) -> tuple:
-    """Initial states that are not known to be zero (ONNX starts from zero by default)."""
-    return tuple((role, loop.input[slot]) for role, slot in match.states
-                 if not _is_zero(graph, loop.input[slot]))
+def _initial_states(graph, loop, match: BodyMatch) -> dict:
+    """Initial states that are not known to be zero (ONNX starts from zero by default), and which
+    of them are constants."""
+    given = tuple((role, loop.input[slot]) for role, slot in match.states if not _is_zero(graph, loop.input[slot]))
+    constant = tuple(role for role, tensor in given if _is_constant(graph, tensor))
+    return dict(initial_states=given, constant_states=constant)
 
 
-def _is_zero(graph, tensor: str) -> bool:
+def _is_constant(graph, tensor: str) -> bool:
+    node = _source(graph, tensor)
+    return node is not None and node.is_const()
+
+
+def _source(graph, tensor: str):
+    """The node that makes ``tensor``, through Identity nodes (None for a graph input)."""
     node = graph.get_node_by_output(tensor)
     while node is not None and node.type == "Identity":
         node = graph.get_node_by_output(node.input[0])
+    return node
+
+
+def _is_zero(graph, tensor: str) -> bool:
+    node = _source(graph, tensor)
     if node is None:
         return False
     if node.type == "ZerosLike":
@@ -334,12 +347,12 @@ def _halves(graph, a: Pass, b: Pass):
 
 
 def _pairs(graph, a: Pass, b: Pass, assume_post_padded: bool) -> bool:
+    if a.stacked or b.stacked:  # a stack's cells chain; two stacks never pair cell by cell
+        return False
     halves = _halves(graph, a, b)
     if halves is None:
         return False
     forward, backward = halves
-    if a.stacked or b.stacked:  # a stack's cells chain; two stacks never pair cell by cell
-        return False
     same_shape = (a.kind, a.hidden_size, a.input_size, a.dtype, a.attributes) == \
         (b.kind, b.hidden_size, b.input_size, b.dtype, b.attributes)
     same_states = {r for r, _ in a.wiring.initial_states} == {r for r, _ in b.wiring.initial_states}

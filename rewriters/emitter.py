@@ -114,7 +114,7 @@ class StreamedStates(StateWiring):
         states = []
         for role in one.kind.state_roles:
             tensor = given.get(role)
-            if tensor is not None and not _is_constant(graph, tensor):
+            if tensor is not None and role not in one.wiring.constant_states:
                 states.append((role, tensor))
                 continue
             name = self.name(one, role, "in")
@@ -122,7 +122,7 @@ class StreamedStates(StateWiring):
             graph.add_graph_input(name, helper.np_dtype_to_tensor_dtype(np.dtype(one.dtype)),
                                   [_batch_of(graph, layer.x), one.hidden_size])
             states.append((role, name))
-        streamed = replace(one, wiring=replace(one.wiring, initial_states=tuple(states)))
+        streamed = replace(one, wiring=replace(one.wiring, initial_states=tuple(states), constant_states=()))
         return replace(layer, passes=(streamed,))
 
     def carried_start(self, emission: "_Emission", index: int) -> Optional[str]:
@@ -156,13 +156,6 @@ def require_free(graph, name: str) -> None:
     """A streamed state's name must not be taken (two layers of one name, or a model tensor)."""
     if graph.get_node_by_output(name) is not None:
         raise NoMatch(f"cannot stream: the name {name} is already taken in the graph")
-
-
-def _is_constant(graph, tensor: str) -> bool:
-    node = graph.get_node_by_output(tensor)
-    while node is not None and node.type == "Identity":
-        node = graph.get_node_by_output(node.input[0])
-    return node is not None and node.is_const()
 
 
 def _batch_of(graph, x: str) -> int:
