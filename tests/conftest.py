@@ -4,11 +4,14 @@
   under pytest-xdist on a small machine, and every worker is its own process.
 - ``tests/`` is put on ``sys.path`` so test modules can ``import helpers`` (kinds, sessions, graph
   walking) and ``import parity`` (parity-test models and conversions).
+- The command line (``convert.main``) sets levels on TensorFlow's, tf2onnx's and this package's
+  loggers: every test gets them back as they were.
 - Keras 3 (``import keras``) and tf_keras (``import tf_keras``) are both used in one process;
   each test picks its flavor (see ``parity.py``).
 """
 from __future__ import annotations
 
+import logging
 import os
 import sys
 
@@ -19,6 +22,16 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 _HERE = os.path.dirname(os.path.abspath(__file__))
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
+
+
+@pytest.fixture(autouse=True)
+def _restore_logger_levels():
+    """The command line sets levels on TensorFlow's, tf2onnx's and our loggers: undo that after each test."""
+    names = ("tensorflow", "tf2onnx", "absl", "tf2onnx_rnn")
+    levels = {name: logging.getLogger(name).level for name in names}
+    yield
+    for name, level in levels.items():
+        logging.getLogger(name).setLevel(level)
 
 
 @pytest.fixture(scope="session", autouse=True)

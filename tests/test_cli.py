@@ -7,7 +7,6 @@ Everything else calls :func:`tf2onnx_rnn.convert.main` in the test process.
 from __future__ import annotations
 
 import collections
-import logging
 import math
 import os
 import re
@@ -105,16 +104,6 @@ def broken_inputs(models_dir):
 
 
 # -- helpers -----------------------------------------------------------------------------------
-@pytest.fixture(autouse=True)
-def _restore_logger_levels():
-    """main() sets levels on TensorFlow's, tf2onnx's and our loggers: undo that after each test."""
-    names = ("tensorflow", "tf2onnx", "absl", "tf2onnx_rnn")
-    levels = {name: logging.getLogger(name).level for name in names}
-    yield
-    for name, level in levels.items():
-        logging.getLogger(name).setLevel(level)
-
-
 def run_cli(*args, cwd) -> subprocess.CompletedProcess:
     """The command as a user runs it, with TensorFlow's log level left to the command."""
     env = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "TF_USE_LEGACY_KERAS")}

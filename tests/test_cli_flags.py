@@ -12,7 +12,6 @@ newest, Keras 2.15 on TensorFlow 2.15).
 """
 from __future__ import annotations
 
-import logging
 import os
 import re
 import subprocess
@@ -164,16 +163,6 @@ def functions_saved_model(models_dir):
 
 
 # -- helpers -----------------------------------------------------------------------------------
-@pytest.fixture(autouse=True)
-def _restore_logger_levels():
-    """main() sets levels on TensorFlow's, tf2onnx's and our loggers: undo that after each test."""
-    names = ("tensorflow", "tf2onnx", "absl", "tf2onnx_rnn")
-    levels = {name: logging.getLogger(name).level for name in names}
-    yield
-    for name, level in levels.items():
-        logging.getLogger(name).setLevel(level)
-
-
 def convert_ok(argv, capfd) -> str:
     """Run the command in-process; it must succeed. Returns stdout."""
     code = cli.main([str(arg) for arg in argv])

@@ -179,11 +179,13 @@ def _gru_weights(f, u):
             "recurrent_bias": (3 * u,)}
 
 
-def _gru_parts(o, w, x, h):
-    """Keras's reset_after=True GRU: (z, r, x part of hh, h part of hh), gates z, r, h."""
+def _gru_parts(o, w, x, h, gate=None):
+    """Keras's reset_after=True GRU: (z, r, x part of hh, h part of hh), gates z, r, h; the gates'
+    activation is ``gate`` (sigmoid unless given)."""
+    gate = gate or o.sigmoid
     xz, xr, xh = o.split(o.matmul(x, w["kernel"]) + w["input_bias"], 3)
     hz, hr, hh = o.split(o.matmul(h, w["recurrent_kernel"]) + w["recurrent_bias"], 3)
-    return o.sigmoid(xz + hz), o.sigmoid(xr + hr), xh, hh
+    return gate(xz + hz), gate(xr + hr), xh, hh
 
 
 def _standard_gru(o, w, x, states):
@@ -197,10 +199,7 @@ def _standard_gru(o, w, x, states):
 def _gru_gentle_hard_sigmoid(o, w, x, states):
     """Keras's GRU with gates clip(0.02 v + 0.5, 0, 1): linear on [-25, 25]."""
     h = states[0]
-    xz, xr, xh = o.split(o.matmul(x, w["kernel"]) + w["input_bias"], 3)
-    hz, hr, hh = o.split(o.matmul(h, w["recurrent_kernel"]) + w["recurrent_bias"], 3)
-    z = o.clip(0.02 * (xz + hz) + 0.5, 0.0, 1.0)
-    r = o.clip(0.02 * (xr + hr) + 0.5, 0.0, 1.0)
+    z, r, xh, hh = _gru_parts(o, w, x, h, gate=lambda v: o.clip(0.02 * v + 0.5, 0.0, 1.0))
     candidate = o.tanh(xh + r * hh)
     h_new = z * h + (1.0 - z) * candidate
     return h_new, [h_new]

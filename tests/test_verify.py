@@ -316,18 +316,6 @@ def test_a_reference_that_raises_fails_the_result():
 
 
 # -- the CLI's --verify --------------------------------------------------------------------------
-@pytest.fixture(autouse=True)
-def _restore_logger_levels():
-    """main() sets levels on TensorFlow's, tf2onnx's and our loggers: undo that after each test."""
-    import logging
-
-    names = ("tensorflow", "tf2onnx", "absl", "tf2onnx_rnn")
-    levels = {name: logging.getLogger(name).level for name in names}
-    yield
-    for name, level in levels.items():
-        logging.getLogger(name).setLevel(level)
-
-
 def converting_to(monkeypatch, edit) -> list:
     """Make the API's conversion step return ``edit`` of what it converted; the names of the
     edited models' first outputs are appended to the returned list, one per conversion."""
