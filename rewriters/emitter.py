@@ -401,8 +401,11 @@ class _Emission:
                     reversed_steps = self.reversed_in_time(in_node_order) if step_order else in_node_order
                     batch_major = self.graph.make_node("Transpose", [reversed_steps], attr={"perm": _BATCH_MAJOR})
                     self.replace(wiring.reversed_output, batch_major.output[0])
-            if wiring.last_output:
-                self.replace(wiring.last_output, self.last_output(node, index, wiring))
+            if wiring.last_output or wiring.last_step_output:
+                last = self.last_output(node, index, wiring)
+                self.replace(wiring.last_output, last)
+                if wiring.last_step_output:
+                    self.replace(wiring.last_step_output, self.builder.make_squeeze({"data": last, "axes": [0]}))
             for role, old in wiring.final_states:
                 self.replace([old], self.final_state(node, index, role))
 

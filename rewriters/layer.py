@@ -147,6 +147,7 @@ class Wiring:
     reversed_output: tuple[str, ...] = ()  # [B, T, H]: the step-order sequence reversed in time (Keras's
     # Bidirectional reverses its backward layer's output, putting a backward pass back in time order)
     last_output: tuple[str, ...] = ()  # become Y_h, [1, B, H]
+    last_step_output: tuple[str, ...] = ()  # [B, H]: the output at the last step (an unrolled chain's), as Y_h
     final_states: tuple[tuple[StateRole, str], ...] = ()  # become a state, [B, H]
     initial_states: tuple[tuple[StateRole, str], ...] = ()  # [B, H] tensors; absent roles start at zero
     constant_states: tuple[StateRole, ...] = ()  # initial states that are constants (a stateful layer's, frozen)
@@ -174,6 +175,7 @@ class Pass:
     activations: tuple[Activation, ...]
     wiring: Wiring
     stack: tuple[int, int] = (0, 1)  # (this cell's position, cells) in a StackedRNNCells loop
+    unrolled: int = 0  # an unrolled chain's number of steps (0: a while-loop)
 
     @property
     def stacked(self) -> bool:
