@@ -170,6 +170,7 @@ class EmitContext:
 
     assume_post_padded: bool = False  # skip compacting masked steps (exact only for post-padded masks)
     states: StateWiring = MODEL_STATES  # how the layers' states meet the model (streaming or not)
+    portable: bool = False  # target "portable": masked layers without a computed sequence_lens where exact
     renamed: dict = field(default_factory=dict)  # tensors replaced by earlier emissions -> replacements
     masks: dict = field(default_factory=dict)  # mask key -> _MaskTensors, so layers share one computation
 

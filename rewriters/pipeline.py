@@ -51,11 +51,13 @@ class LoopId:
 
 
 def make_rewriter(report: ConversionReport, layer_of: Optional[Callable[[str], Optional[str]]] = None,
-                  assume_post_padded: bool = False, streaming: bool = False) -> Optional["RecurrentRewriter"]:
+                  assume_post_padded: bool = False, streaming: bool = False,
+                  portable: bool = False) -> Optional["RecurrentRewriter"]:
     """The rewriter for one conversion, or None when it cannot even be built (an internal error,
-    noted in ``report.setup_error`` so that every recurrent loop's row can say so)."""
+    noted in ``report.setup_error`` so that every recurrent loop's row can say so).
+    ``portable``: masked layers without a computed ``sequence_lens`` where that is exact."""
     try:
-        return RecurrentRewriter(report, layer_of, assume_post_padded, streaming)
+        return RecurrentRewriter(report, layer_of, assume_post_padded, streaming, portable)
     except Exception as error:  # noqa: BLE001 - the conversion goes on without fusing
         report.setup_error = f"internal error while setting up the rewriter: {_describe(error)}"
         logger.warning("recurrent layers stay Loops: %s", report.setup_error, exc_info=True)
@@ -66,8 +68,9 @@ class RecurrentRewriter:
     """One conversion's rewriter: its body matches and the report it fills."""
 
     def __init__(self, report: ConversionReport, layer_of: Optional[Callable[[str], Optional[str]]] = None,
-                 assume_post_padded: bool = False, streaming: bool = False):
+                 assume_post_padded: bool = False, streaming: bool = False, portable: bool = False):
         self.report = report
+        self.portable = portable
         self.assume_post_padded = assume_post_padded
         self.states = StreamedStates() if streaming else MODEL_STATES  # how states meet the model
         self.layer_of = layer_of or (lambda loop: None)
@@ -168,7 +171,7 @@ class RecurrentRewriter:
         if layers is None:  # pairing is an optimisation: without it every pass is its own node
             layers = [layer for one in passes for layer in self._guarded(
                 "planning the node", [one], lambda one=one: plan_nodes(graph, [one], self.assume_post_padded)) or []]
-        context = EmitContext(assume_post_padded=self.assume_post_padded, states=self.states)
+        context = EmitContext(assume_post_padded=self.assume_post_padded, states=self.states, portable=self.portable)
         for layer in layers:
             self._guarded("emitting", layer.passes, lambda layer=layer: self._emit(graph, layer, context))
 
