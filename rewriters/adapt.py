@@ -45,7 +45,7 @@ def build_pass(graph, loop, match: BodyMatch, name: str, others: frozenset = fro
                 activations=match.activations, attributes=match.attributes,
                 wiring=Wiring(x=x, x_unreversed=x_unreversed, **_initial_states(graph, loop, match),
                               **outputs, **_mask_wiring(graph, loop, match, direction)),
-                **_gate_weights(graph, loop, match))
+                **gate_weights(match, _slot_values(graph, loop), loop.name))
 
 
 def _mask_wiring(graph, loop, match: BodyMatch, direction: Direction) -> dict:
@@ -57,10 +57,10 @@ def _mask_wiring(graph, loop, match: BodyMatch, direction: Direction) -> dict:
         mask_unreversed = None if direction is Direction.FORWARD else (mask_unreversed or mask)
     require((mask_unreversed is None) == (direction is Direction.FORWARD),
             "the mask and the input are not reversed alike", loop.name)
-    require(_is_zero(graph, loop.input[masking.output_slot]),
+    require(is_zero(graph, loop.input[masking.output_slot]),
             "the masked output does not start from zeros", loop.name)
     if masking.zeros_slot is not None:
-        require(_is_zero(graph, loop.input[masking.zeros_slot]),
+        require(is_zero(graph, loop.input[masking.zeros_slot]),
                 "the output at masked steps is not zeros", loop.name)
     rank = len(graph.get_shape(mask) or [])
     require(rank in (2, 3), "the mask's rank is unknown", loop.name)
@@ -106,8 +106,9 @@ def _slot_values(graph, loop):
     return value
 
 
-def _gate_weights(graph, loop, match: BodyMatch) -> dict:
-    values = _slot_values(graph, loop)
+def gate_weights(match: BodyMatch, values, where: str) -> dict:
+    """W, R, B in ONNX gate order (and the sizes and type they imply) from a match's weight sources;
+    ``values(slot)`` gives a loop input's value (``where`` names the layer in a reason)."""
     try:
         kernels = [np.asarray(g.input_weight(values)) for g in match.gates]
         recurrents = [None if g.recurrent_weight is None else np.asarray(g.recurrent_weight(values))
@@ -117,14 +118,14 @@ def _gate_weights(graph, loop, match: BodyMatch) -> dict:
                             for g in match.gates]
     except NotEvaluable as error:
         raise NoMatch(f"cannot read a weight: {error.reason}", error.node_name) from error
-    require(all(k.ndim == 2 for k in kernels), "a kernel is not a matrix", loop.name)
+    require(all(k.ndim == 2 for k in kernels), "a kernel is not a matrix", where)
     input_size, hidden = kernels[0].shape
-    require(all(k.shape == (input_size, hidden) for k in kernels), "gate kernels differ in shape", loop.name)
+    require(all(k.shape == (input_size, hidden) for k in kernels), "gate kernels differ in shape", where)
     dtype = kernels[0].dtype
     zeros_r = np.zeros((hidden, hidden), dtype)
     zeros_b = np.zeros((hidden,), dtype)
     recurrents = [zeros_r if r is None else r for r in recurrents]
-    require(all(r.shape == (hidden, hidden) for r in recurrents), "a recurrent kernel is not H x H", loop.name)
+    require(all(r.shape == (hidden, hidden) for r in recurrents), "a recurrent kernel is not H x H", where)
 
     def bias(part):
         part = zeros_b if part is None else np.broadcast_to(part, (hidden,))
@@ -183,11 +184,11 @@ def _outputs(graph, loop, match: BodyMatch, direction: Direction, others: frozen
                     "the output TensorList is used other than by TensorListStack", loop.name)
             stacked = [c.output[0] for c in consumers]
             if match.output_every_step:
-                reversals = _reversals(graph, stacked)
-                if reversals is None:
+                found = reversals(graph, stacked)
+                if found is None:
                     sequence.extend(stacked)
                 else:
-                    reversed_.extend(reversals)
+                    reversed_.extend(found)
             else:
                 _require_single_element_list(graph, loop, slot)
                 last.extend(stacked)
@@ -203,7 +204,7 @@ def _outputs(graph, loop, match: BodyMatch, direction: Direction, others: frozen
                 final_states=tuple(states))
 
 
-def _reversals(graph, stacked: list):
+def reversals(graph, stacked: list):
     """Where Keras reverses a sequence in time (Bidirectional does to its backward layer):
     ``ReverseV2(Transpose(stack, [1, 0, 2]), axis=1)``. Returns those [B, T, H] tensors when
     every use of the sequence goes through one, else None."""
@@ -240,12 +241,12 @@ def _require_single_element_list(graph, loop, slot: int) -> None:
 def _initial_states(graph, loop, match: BodyMatch) -> dict:
     """Initial states that are not known to be zero (ONNX starts from zero by default), and which
     of them are constants."""
-    given = tuple((role, loop.input[slot]) for role, slot in match.states if not _is_zero(graph, loop.input[slot]))
-    constant = tuple(role for role, tensor in given if _is_constant(graph, tensor))
+    given = tuple((role, loop.input[slot]) for role, slot in match.states if not is_zero(graph, loop.input[slot]))
+    constant = tuple(role for role, tensor in given if is_constant(graph, tensor))
     return dict(initial_states=given, constant_states=constant)
 
 
-def _is_constant(graph, tensor: str) -> bool:
+def is_constant(graph, tensor: str) -> bool:
     node = _source(graph, tensor)
     return node is not None and node.is_const()
 
@@ -258,7 +259,7 @@ def _source(graph, tensor: str):
     return node
 
 
-def _is_zero(graph, tensor: str) -> bool:
+def is_zero(graph, tensor: str) -> bool:
     node = _source(graph, tensor)
     if node is None:
         return False

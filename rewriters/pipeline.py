@@ -17,7 +17,7 @@ import logging
 from dataclasses import dataclass, replace
 from typing import Callable, Optional, Sequence, Union
 
-from ..report import ConversionReport, LoopOutcome
+from ..report import UNROLLED, ConversionReport, LoopOutcome
 from . import cell_kinds, cell_matchers
 from .adapt import build_pass, layer_name, plan_nodes
 from .body import BodyView, read_skeleton, unmask
@@ -25,6 +25,7 @@ from .bool_masks import exact_selects, integer_any, select_bool_products
 from .emitter import MODEL_STATES, EmitContext, StreamedStates, emit
 from .layer import BodyMatch, NoMatch, Pass, StackMatch, require
 from .stacked import match_stack, stack_passes
+from .unrolled import Chain, chain_pass, find_chains, is_recurrent, read_chain
 
 logger = logging.getLogger("tf2onnx_rnn")
 
@@ -84,8 +85,11 @@ class RecurrentRewriter:
             if any(op.type == "TensorListGetItem" for op in ops):
                 self._read_body(graph)
             loops = [op for op in ops if op.type in _LOOP_TYPES]
-            if loops:
-                self._replace_loops(graph, loops)
+            chains = []
+            if any(op.type == "Unpack" for op in ops):  # unroll=True layers: chains of steps, no loop
+                chains = self._guarded("finding unrolled layers", [], lambda: find_chains(graph)) or []
+            if loops or chains:
+                self._replace_loops(graph, loops, chains)
             # after the loops are read (the mask's source is named from Keras's own ops): the mask
             # arithmetic without float Casts
             self._guarded("selecting on bool masks", [], lambda: select_bool_products(graph))
@@ -163,10 +167,13 @@ class RecurrentRewriter:
         raise NoMatch(reason, node)
 
     # -- phase 2 -------------------------------------------------------------------------
-    def _replace_loops(self, graph, loops) -> None:
+    def _replace_loops(self, graph, loops, chains: Sequence[Chain] = ()) -> None:
         passes = []
         for loop in loops:
             passes.extend(self._guarded("reading the loop", [loop], lambda: self._read_passes(graph, loop)) or [])
+        for chain in chains:
+            passes.extend(self._guarded("reading the unrolled layer", [chain],
+                                        lambda: self._read_chain(graph, chain)) or [])
         layers = self._guarded("pairing directions", [], lambda: plan_nodes(graph, passes, self.assume_post_padded))
         if layers is None:  # pairing is an optimisation: without it every pass is its own node
             layers = [layer for one in passes for layer in self._guarded(
@@ -195,15 +202,18 @@ class RecurrentRewriter:
     def _record_fault(self, subject, reason: str) -> None:
         """Record ``reason`` for a loop node or a pass; when naming the loop fails too, with only
         what its node name tells (the row must not be lost to a second fault)."""
-        loop = subject.loop if isinstance(subject, Pass) else subject.name
+        loop = subject.loop if isinstance(subject, Pass) else subject.unpack if isinstance(subject, Chain) else subject.name
+        became = UNROLLED if isinstance(subject, Chain) or getattr(subject, "unrolled", 0) else "Loop"
         try:
-            self._record_loop(self._pass_id(subject) if isinstance(subject, Pass) else self._loop_id(subject), reason)
+            self._record_loop(self._chain_id(subject) if isinstance(subject, Chain) else
+                              self._pass_id(subject) if isinstance(subject, Pass) else self._loop_id(subject),
+                              reason, became=became)
         except Exception:  # noqa: BLE001 - record it plainly below
             logger.debug("recording %s raised", loop, exc_info=True)
             if loop not in self.recorded:
                 self.recorded.add(loop)
                 layer = self.layer_of(loop) or loop
-                self.report.add(LoopOutcome(loop=loop, layer=layer, kind="unknown", direction="", became="Loop",
+                self.report.add(LoopOutcome(loop=loop, layer=layer, kind="unknown", direction="", became=became,
                                             reason=reason))
                 logger.warning("%s: stays a Loop: %s", layer, reason)
 
@@ -213,6 +223,19 @@ class RecurrentRewriter:
         kind = (entry.kind.keras_name if isinstance(entry, BodyMatch) else
                 entry.kind_name if isinstance(entry, StackMatch) else _kind_hint(loop.name + " " + body))
         return LoopId(loop.name, self.layer_of(loop.name) or layer_name(loop.name), kind)
+
+    def _chain_id(self, chain: Chain) -> LoopId:
+        return LoopId(chain.unpack, self.layer_of(chain.unpack) or layer_name(chain.unpack), _kind_hint(chain.unpack))
+
+    def _read_chain(self, graph, chain: Chain) -> list:
+        """An unrolled layer's pass; none when it stays as its ops (reported when it is recurrent)."""
+        try:
+            reading = read_chain(graph, chain, self._match_cell)
+            return [chain_pass(graph, chain, reading, self._chain_id(chain).layer)]
+        except NoMatch as no_match:
+            if is_recurrent(graph, chain) or _kind_hint(chain.unpack) != "unknown":
+                self._record_loop(self._chain_id(chain), no_match.reason, no_match.node, became=UNROLLED)
+            return []
 
     @staticmethod
     def _pass_id(one: Pass) -> LoopId:
@@ -246,7 +269,8 @@ class RecurrentRewriter:
             emitted = emit(graph, layer, context)
         except NoMatch as no_match:
             for one in layer.passes:
-                self._record_loop(self._pass_id(one), no_match.reason, no_match.node)
+                self._record_loop(self._pass_id(one), no_match.reason, no_match.node,
+                                  became=UNROLLED if one.unrolled else "Loop")
             return
         if first.stacked:
             self._record_stack_cell(first, emitted)
@@ -258,7 +282,8 @@ class RecurrentRewriter:
                                      activations=", ".join(str(a) for a in one.activations),
                                      mask=_mask_text(one, emitted.mask_form),
                                      state_inputs=tuple(io.input for io in emitted.states),
-                                     state_outputs=tuple(io.output for io in emitted.states)))
+                                     state_outputs=tuple(io.output for io in emitted.states),
+                                     unrolled=one.unrolled))
 
     def _record_stack_cell(self, one: Pass, emitted) -> None:
         """Collect a stack's emitted cells; the top one's completes the loop's row."""
@@ -276,9 +301,10 @@ class RecurrentRewriter:
             state_inputs=tuple(io.input for _, e in cells for io in e.states),
             state_outputs=tuple(io.output for _, e in cells for io in e.states)))
 
-    def _record_loop(self, loop_id: LoopId, reason: str, where: str = "") -> None:
+    def _record_loop(self, loop_id: LoopId, reason: str, where: str = "", became: str = "Loop") -> None:
+        """A loop that stays a Loop (or an unrolled layer that stays as its ops: ``became``), and why."""
         self._record(LoopOutcome(loop=loop_id.loop, layer=loop_id.layer, kind=loop_id.kind, direction="",
-                                 became="Loop", reason=reason, where=where))
+                                 became=became, reason=reason, where=where))
 
     def _record(self, outcome: LoopOutcome) -> None:
         if outcome.loop in self.recorded:
@@ -288,9 +314,13 @@ class RecurrentRewriter:
         if outcome.fused:
             logger.info("%s: %s %s -> ONNX %s", outcome.layer, outcome.kind, outcome.direction, outcome.became)
         elif outcome.reason.startswith("internal error"):
-            logger.warning("%s: stays a Loop: %s", outcome.layer, outcome.reason)
+            logger.warning("%s: stays %s: %s", outcome.layer, _left_as(outcome), outcome.reason)
         else:
-            logger.info("%s: stays a Loop: %s", outcome.layer, outcome.reason)
+            logger.info("%s: stays %s: %s", outcome.layer, _left_as(outcome), outcome.reason)
+
+
+def _left_as(outcome: LoopOutcome) -> str:
+    return "unrolled ops" if outcome.became == UNROLLED else "a Loop"
 
 
 def _mask_text(one: Pass, form: str) -> str:

@@ -11,6 +11,7 @@ from typing import Optional
 
 METADATA_KEY = "tf2onnx_rnn.report"
 REMOVED = "removed"  # ``became`` of a loop whose outputs nothing used: tf2onnx dropped it
+UNROLLED = "unrolled ops"  # ``became`` of an unrolled layer (unroll=True) left as its steps' own ops
 
 
 @dataclass(frozen=True)
@@ -32,10 +33,11 @@ class LoopOutcome:
     state_outputs: tuple = ()  # streaming: the graph outputs of the states it ends with
     stateful: bool = False  # a Keras stateful=True layer
     cell_nodes: tuple = ()  # a StackedRNNCells loop: the nodes of the cells below ``node`` (the top cell's)
+    unrolled: int = 0  # an unrolled layer (no loop; ``loop`` names its Unpack): its number of steps
 
     @property
     def fused(self) -> bool:
-        return self.became not in ("Loop", REMOVED)
+        return self.became not in ("Loop", REMOVED, UNROLLED)
 
 
 @dataclass
@@ -54,12 +56,19 @@ class ConversionReport:
     def loops(self) -> list:
         return [o for o in self.outcomes if o.became == "Loop"]
 
+    @property
+    def unrolled(self) -> list:
+        """Unrolled layers left as their steps' ops."""
+        return [o for o in self.outcomes if o.became == UNROLLED]
+
     def summary(self) -> str:
         if not self.outcomes:
             return "no recurrent layer loops found: nothing to fuse"
-        removed = len(self.outcomes) - len(self.fused) - len(self.loops)
+        removed = len(self.outcomes) - len(self.fused) - len(self.loops) - len(self.unrolled)
         return (f"{len(self.outcomes)} recurrent loop(s): {len(self.fused)} fused into native nodes, "
-                f"{len(self.loops)} left as Loop" + (f", {removed} removed as unused" if removed else ""))
+                f"{len(self.loops)} left as Loop"
+                + (f", {len(self.unrolled)} unrolled layer(s) left as ops" if self.unrolled else "")
+                + (f", {removed} removed as unused" if removed else ""))
 
     def table(self) -> str:
         """A plain-text table, one row per loop, then the summary line."""
@@ -69,6 +78,7 @@ class ConversionReport:
                 details = o.activations + ("; one bidirectional node" if o.node_direction == "bidirectional" else "")
                 details += f"; mask: {o.mask}" if o.mask else ""
                 details += "; stateful" if o.stateful else ""
+                details += f"; unrolled, {o.unrolled} steps" if o.unrolled else ""
                 if o.state_outputs:
                     details += f"; states in: {', '.join(i or '(the model gives it)' for i in o.state_inputs)}"
                     details += f", out: {', '.join(o.state_outputs)}"
