@@ -65,6 +65,20 @@ def _candidates(f: Callable[[np.ndarray], np.ndarray]):
             yield Activation("ScaledTanh", a, b), lambda x: a * np.tanh(b * x)
 
 
+def function_of(activation: Activation) -> Callable[[np.ndarray], np.ndarray]:
+    """The numpy function of an ONNX recurrent activation (with its alpha and beta)."""
+    alpha, beta = activation.alpha, activation.beta
+    functions = {
+        "Tanh": np.tanh, "Sigmoid": _sigmoid, "Relu": lambda x: np.maximum(x, 0),
+        "Softsign": lambda x: x / (1 + np.abs(x)), "Softplus": lambda x: np.logaddexp(x, 0),
+        "Affine": lambda x: alpha * x + beta, "HardSigmoid": lambda x: np.clip(alpha * x + beta, 0, 1),
+        "LeakyRelu": lambda x: np.where(x >= 0, x, alpha * x),
+        "Elu": lambda x: np.where(x >= 0, x, alpha * np.expm1(x)),
+        "ScaledTanh": lambda x: alpha * np.tanh(beta * x),
+    }
+    return functions[activation.name]
+
+
 def _line(points: np.ndarray, values: np.ndarray) -> tuple:
     """Least-squares slope and intercept, snapped to short values."""
     slope, intercept = np.polyfit(points.astype(np.float64), values, 1)

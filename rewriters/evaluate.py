@@ -86,6 +86,21 @@ def _cast(node, x):
     return x.astype(helper.tensor_dtype_to_np_dtype(node.get_attr_value("to")))
 
 
+def _matmul(node, a, b):
+    a = a.T if node.get_attr_value("transpose_a", 0) else a
+    b = b.T if node.get_attr_value("transpose_b", 0) else b
+    return a @ b
+
+
+def _gemm(node, a, b, c=None):
+    a = a.T if node.get_attr_value("transA", 0) else a
+    b = b.T if node.get_attr_value("transB", 0) else b
+    result = np.asarray(node.get_attr_value("alpha", 1.0), a.dtype) * (a @ b)
+    if c is not None:
+        result = result + np.asarray(node.get_attr_value("beta", 1.0), a.dtype) * c
+    return result
+
+
 # op type -> function(node, *input values) -> value or tuple of values
 _OPS: dict[str, Callable] = {
     "Identity": lambda n, x: x,
@@ -126,6 +141,16 @@ _OPS: dict[str, Callable] = {
     "Unpack": _unpack,
     "ConcatV2": lambda n, *args: np.concatenate(args[:-1], axis=int(args[-1])),
     "GatherV2": lambda n, x, idx, axis: np.take(x, idx, axis=int(axis)),
+    "MatMul": _matmul,
+    "Gemm": _gemm,
+    "SelectV2": lambda n, c, a, b: np.where(c, a, b),
+    "Select": lambda n, c, a, b: np.where(c.reshape(c.shape + (1,) * (a.ndim - c.ndim)), a, b),
+    "Tile": lambda n, x, multiples: np.tile(x, multiples.tolist()),
+    "ZerosLike": lambda n, x: np.zeros_like(x),
+    "OnesLike": lambda n, x: np.ones_like(x),
+    "Fill": lambda n, shape, value: np.full(shape.tolist(), value),
+    "LogicalAnd": lambda n, a, b: np.logical_and(a, b),
+    "LogicalNot": lambda n, x: np.logical_not(x),
 }
 
 # element-wise ops that may make up an activation function (one varying operand)

@@ -31,7 +31,8 @@ from tf2onnx.graph_builder import GraphBuilder
 
 from .adapt import gate_weights, is_constant, is_zero, mask_source, reversals
 from .body import BodyView, Skeleton, unmask
-from .evaluate import NotEvaluable
+from .activations import function_of
+from .evaluate import NotEvaluable, evaluate
 from .layer import BodyMatch, Direction, NoMatch, Pass, StackMatch, StateRole, Wiring, require
 
 _NO_STEP = -1  # the label of what depends on no step's input (weights, initial states)
@@ -384,7 +385,7 @@ class ChainReading:
 
     match: BodyMatch
     outputs: tuple[str, ...]  # y_t per step, in step order
-    initial: dict  # state slot -> what the first step reads there
+    initial: dict  # state slot -> what the first step reads there (None: zeros)
     final: dict  # state slot -> what the last step leaves there
     nodes: frozenset  # every node of the chain
 
@@ -423,17 +424,26 @@ def read_chain(graph, chain: Chain, match_cell: MatchCell) -> ChainReading:
         fixed = {t: before.tensors[leaf] for t, leaf in zip(template.state_inputs, leaves)}
         maps[k] = template.map(chain.steps[k], step_mask(k), _Mode.CHAIN, fixed, partial=k == length - 1)
         template.taken |= set(maps[k].images)
+    match = _match_template(graph, chain, template, first, leaves, match_cell)
     initial = {}
     if first == 1:
-        maps[0] = template.map(chain.steps[0], step_mask(0), _Mode.RECORD)
-        template.taken |= set(maps[0].images)
-        for t, leaf in zip(template.state_inputs, leaves):
-            require(maps[0].tensors.get(leaf) == t, "the first unrolled step does not lead into the second", t)
-        initial = {slot: maps[0].states.get(t, t) for slot, t in enumerate(template.state_inputs)}
+        try:
+            maps[0] = template.map(chain.steps[0], step_mask(0), _Mode.RECORD)
+        except NoMatch as differs:
+            # TensorFlow folded the first step's products with constant zero states (a fixed batch):
+            # it is the template's cell from zero states if it computes the same values
+            first_step_from_zero(graph, chain, match, template.state_inputs, differs)
+            maps[0] = _identity_map([])
+            maps[0].tensors.update({leaf: t for t, leaf in zip(template.state_inputs, leaves)})
+            initial = {slot: None for slot in range(len(leaves))}  # zeros
+        else:
+            template.taken |= set(maps[0].images)
+            for t, leaf in zip(template.state_inputs, leaves):
+                require(maps[0].tensors.get(leaf) == t, "the first unrolled step does not lead into the second", t)
+            initial = {slot: maps[0].states.get(t, t) for slot, t in enumerate(template.state_inputs)}
     else:
         initial = dict(enumerate(template.state_inputs))
 
-    match = _match_template(graph, chain, template, first, leaves, match_cell)
     y_template = _output_of(match, leaves)
     outputs = tuple(maps[k].tensors.get(y_template) for k in range(length))
     require(all(outputs[:-1]), "an unrolled step before the last has no output", chain.unpack)
@@ -441,8 +451,74 @@ def read_chain(graph, chain: Chain, match_cell: MatchCell) -> ChainReading:
     final = {slot: last.tensors[leaf] for slot, leaf in enumerate(leaves) if leaf in last.tensors}
     members = set().union(*(set(m.images) for m in maps.values())) | template.names
     members |= {graph.get_node_by_output(t).name for t in initial.values()
-                if graph.get_node_by_output(t) is not None and graph.get_node_by_output(t).type in _ZERO_MAKERS}
+                if t and graph.get_node_by_output(t) is not None and graph.get_node_by_output(t).type in _ZERO_MAKERS}
     return ChainReading(match=match, outputs=outputs, initial=initial, final=final, nodes=frozenset(members))
+
+
+_PROBE_ROUNDS = (1.0, 3.0)  # scales of the random inputs the first step is checked on
+_PROBE_TOLERANCE = 1e-5
+
+
+def first_step_from_zero(graph, chain: Chain, match: BodyMatch, leaves: Sequence[str], differs: NoMatch) -> None:
+    """Check that the first step's values (``leaves``, per state slot) are the matched cell applied
+    to zero states: computed from the graph on random inputs and masks, and from the weights by
+    the ONNX equations. :class:`NoMatch` (``differs``'s reason) unless every value agrees."""
+    x_t = chain.steps[0]
+    mask_t = chain.mask_steps[0] if chain.mask else None
+    shape = graph.get_shape(x_t) or []
+    batch = shape[0] if len(shape) == 2 and shape[0] and shape[0] > 0 else 3
+    weights = gate_weights(match, _no_loop_values(chain), chain.unpack)
+    dtype = np.dtype(weights["dtype"])
+    rng = np.random.default_rng(0)
+    roles = dict((slot, role) for role, slot in match.states)
+    for scale in _PROBE_ROUNDS:
+        x = (rng.standard_normal((batch, weights["input_size"])) * scale).astype(dtype)
+        bindings = {x_t: x}
+        kept = np.ones(batch, bool)
+        if mask_t is not None:
+            kept = rng.random(batch) < 0.7
+            mask_shape = graph.get_shape(mask_t) or [batch]
+            bindings[mask_t] = kept.reshape([batch] + [1] * (len(mask_shape) - 1))
+        expected = cell_from_zero(match, weights, x.astype(np.float64))
+        for slot, leaf in enumerate(leaves):
+            role = roles.get(slot)
+            value = expected[role] if role is not None else expected[StateRole.HIDDEN]  # the masked output
+            value = np.where(kept[:, None], value, 0.0)
+            try:
+                actual = np.asarray(evaluate(graph, leaf, bindings), np.float64)
+            except (NotEvaluable, ValueError) as error:
+                raise NoMatch(f"{differs.reason}, and its values cannot be checked: {error}", differs.node) from error
+            close = actual.shape == value.shape and np.all(np.abs(actual - value) <= _PROBE_TOLERANCE * (1 + np.abs(value)))
+            require(bool(close), f"{differs.reason}, and it does not compute the cell from zero states", leaf)
+
+
+def cell_from_zero(match: BodyMatch, weights: dict, x: np.ndarray) -> dict:
+    """The ONNX cell's new states (role -> [B, H]) from zero states, for input ``x`` [B, F]."""
+    hidden, gates = weights["hidden_size"], len(match.gates)
+    W, B = weights["W"].astype(np.float64), weights["B"].astype(np.float64)
+    input_bias, recurrent_bias = B[:gates * hidden], B[gates * hidden:]
+    f = [function_of(a) for a in match.activations]
+    projected = np.split(x @ W.T + input_bias, gates, axis=-1)
+    recurrent = np.split(np.broadcast_to(recurrent_bias, projected[0].shape[:-1] + (gates * hidden,)), gates, axis=-1)
+    op = match.kind.onnx_op
+    if op == "LSTM":  # gates i, o, f, c; activations f, g, h
+        i, o, _, c = (p + r for p, r in zip(projected, recurrent))
+        cell = f[0](i) * f[1](c)
+        return {StateRole.HIDDEN: f[0](o) * f[2](cell), StateRole.CELL: cell}
+    if op == "GRU":  # gates z, r, h; activations f, g
+        z = f[0](projected[0] + recurrent[0])
+        r = f[0](projected[1] + recurrent[1])
+        reset_after = dict(match.attributes).get("linear_before_reset", 0)
+        candidate = f[1](projected[2] + (r * recurrent[2] if reset_after else recurrent[2]))
+        return {StateRole.HIDDEN: (1 - z) * candidate}
+    return {StateRole.HIDDEN: f[0](projected[0] + recurrent[0])}  # RNN
+
+
+def _no_loop_values(chain: Chain):
+    def value(slot: int):
+        raise NotEvaluable("an unrolled step has no loop inputs", chain.unpack)
+
+    return value
 
 
 def _identity_map(nodes: list) -> _StepMap:
@@ -496,8 +572,8 @@ def chain_pass(graph, chain: Chain, reading: ChainReading, name: str) -> Pass:
     x, x_unreversed = _in_step_order(graph, chain.x, chain.backward), (chain.x if chain.backward else None)
     mask_wiring = {}
     if match.masking is not None:
-        require(is_zero(graph, reading.initial[match.masking.output_slot]),
-                "the masked output does not start from zeros", chain.unpack)
+        start = reading.initial[match.masking.output_slot]
+        require(start is None or is_zero(graph, start), "the masked output does not start from zeros", chain.unpack)
         require(len(graph.get_shape(chain.mask) or []) in (2, 3), "the mask's rank is unknown", chain.unpack)
         mask_wiring = dict(mask=_in_step_order(graph, chain.mask, chain.backward),
                            mask_unreversed=chain.mask if chain.backward else None,
@@ -506,20 +582,17 @@ def chain_pass(graph, chain: Chain, reading: ChainReading, name: str) -> Pass:
     given = []
     for role, slot in match.states:
         tensor = reading.initial[slot]
-        if is_zero(graph, tensor):
+        if tensor is None or is_zero(graph, tensor):
             continue
         require(labels.tensor(tensor) == _NO_STEP, "an initial state depends on the layer's input", tensor)
         given.append((role, tensor))
     constant = tuple(role for role, tensor in given if is_constant(graph, tensor))
 
-    def no_value(slot: int):
-        raise NotEvaluable("an unrolled step has no loop inputs", chain.unpack)
-
     return Pass(loop=chain.unpack, name=name, kind=match.kind, direction=direction,
                 activations=match.activations, attributes=match.attributes, unrolled=chain.length,
                 wiring=Wiring(x=x, x_unreversed=x_unreversed, initial_states=tuple(given), constant_states=constant,
                               **_outputs(graph, chain, reading), **mask_wiring),
-                **gate_weights(match, no_value, chain.unpack))
+                **gate_weights(match, _no_loop_values(chain), chain.unpack))
 
 
 def _in_step_order(graph, tensor: str, backward: bool) -> str:

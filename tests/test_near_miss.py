@@ -2,7 +2,8 @@
 function must never become a native node that differs from Keras.
 
 Each cell is written once, against the Keras module ``K`` (Keras 3 or tf_keras), as ``RNN(cell,
-return_sequences=True)`` with random weights (biases included). Converted with ``convert_keras``,
+return_sequences=True)`` with random weights (biases included), as a while-loop and unrolled
+(``unroll=True``: a chain of steps the unrolled reader reads with the same matchers). Converted with ``convert_keras``,
 every cell must run in onnxruntime within 1e-5 of ``model(x, training=False)``; its report row is
 either a native node (which then matched Keras, so it is the same function, for example
 ``0.5 * tanh`` as ONNX ``ScaledTanh``) or tf2onnx's exact ``Loop`` with a reason. Two cells are the
@@ -296,12 +297,15 @@ class Result:
 _CACHE: dict = {}
 
 
-def result(flavor: str, cell: Cell) -> Result:
-    key = (flavor, cell.name)
+FORMS = ("loop", "unrolled")  # RNN(cell) as a while-loop, and with unroll=True as a chain of steps
+
+
+def result(flavor: str, cell: Cell, form: str = "loop") -> Result:
+    key = (flavor, cell.name, form)
     if key not in _CACHE:
         entry = Result()
         try:
-            _convert_and_run(flavor, cell, entry)
+            _convert_and_run(flavor, cell, entry, form == "unrolled")
         except Exception as error:  # noqa: BLE001 - re-raised by every test of the case
             entry.error = error
         _CACHE[key] = entry
@@ -311,12 +315,12 @@ def result(flavor: str, cell: Cell) -> Result:
     return entry
 
 
-def _convert_and_run(flavor: str, cell: Cell, entry: Result) -> None:
+def _convert_and_run(flavor: str, cell: Cell, entry: Result, unrolled: bool) -> None:
     from tf2onnx_rnn import convert_keras, report_of
 
     K = parity.keras_module(flavor)
-    x = K.Input((None, FEATURES), name="x")
-    y = K.layers.RNN(cell_layer(K, cell, UNITS), return_sequences=True, name=cell.layer_name)(x)
+    x = K.Input((TIME if unrolled else None, FEATURES), name="x")
+    y = K.layers.RNN(cell_layer(K, cell, UNITS), return_sequences=True, unroll=unrolled, name=cell.layer_name)(x)
     model = K.Model(x, y)
     seed = zlib.crc32(f"{flavor}/{cell.name}".encode())
     parity.randomize_weights(model, seed)
@@ -330,38 +334,45 @@ def _convert_and_run(flavor: str, cell: Cell, entry: Result) -> None:
 
 # -- the tests -------------------------------------------------------------------------------------
 
-CASES = [pytest.param(flavor, cell, id=f"{cell.name}-{flavor}") for cell in CELLS for flavor in parity.FLAVORS]
+CASES = [pytest.param(flavor, cell, form, id=f"{cell.name}-{form}-{flavor}")
+         for cell in CELLS for form in FORMS for flavor in parity.FLAVORS]
 
 
-def _row(flavor: str, cell: Cell):
-    outcomes = result(flavor, cell).outcomes
+def _row(flavor: str, cell: Cell, form: str = "loop"):
+    outcomes = result(flavor, cell, form).outcomes
     assert len(outcomes) == 1, f"{flavor} {cell.name}: {len(outcomes)} report rows for one recurrent layer"
     return outcomes[0]
 
 
-@pytest.mark.parametrize("flavor, cell", CASES)
-def test_onnx_output_matches_keras(flavor, cell):
+@pytest.mark.parametrize("flavor, cell, form", CASES)
+def test_onnx_output_matches_keras(flavor, cell, form):
     """Whatever the cell became, onnxruntime gives Keras's output within 1e-5."""
-    entry = result(flavor, cell)
-    row = _row(flavor, cell)
+    entry = result(flavor, cell, form)
+    row = _row(flavor, cell, form)
     assert entry.onnx.shape == entry.keras.shape
     error = float(np.max(np.abs(entry.onnx.astype(np.float64) - entry.keras)))
     became = f"became {row.became}" + (f" ({row.activations})" if row.fused else f" ({row.reason})")
     assert error <= TOLERANCE, f"{flavor} {cell.what}: {became}, max abs error {error:.3g} from Keras"
 
 
-@pytest.mark.parametrize("flavor, cell", CASES)
-def test_report_row_is_a_native_node_or_a_loop_with_a_reason(flavor, cell):
-    """A fused row names a native node of the model and leaves no Loop; a row that stayed a
-    Loop says why, and the Loop is in the model."""
-    entry = result(flavor, cell)
-    row = _row(flavor, cell)
+@pytest.mark.parametrize("flavor, cell, form", CASES)
+def test_report_row_is_a_native_node_or_a_loop_with_a_reason(flavor, cell, form):
+    """A fused row names a native node of the model and leaves no Loop (nor, unrolled, a step of
+    the cell: no MatMul); a row that stayed a Loop (or unrolled ops) says why, and the Loop (or
+    the steps' ops) is in the model."""
+    entry = result(flavor, cell, form)
+    row = _row(flavor, cell, form)
     ops = helpers.op_counts(entry.proto)
     if row.fused:
         assert row.became in helpers.RECURRENT_OPS, f"{cell.name}: became {row.became!r}"
         nodes = [n for n in helpers.all_nodes(entry.proto) if n.name == row.node]
         assert nodes and nodes[0].op_type == row.became, f"{cell.name}: the row names no {row.became} node"
         assert not any(ops[op] for op in helpers.LOOP_OPS), f"{cell.name}: fused, yet the model has a Loop"
+        assert form == "loop" or (not ops["MatMul"] and row.unrolled == TIME), f"{cell.name}: {dict(ops)}"
+    elif form == "unrolled":
+        assert row.became == "unrolled ops", f"{cell.name}: became {row.became!r}"
+        assert row.reason.strip() and not row.reason.startswith("internal error"), f"{flavor} {cell.name}: {row.reason}"
+        assert ops["MatMul"] and not any(ops[op] for op in helpers.RECURRENT_OPS), f"{cell.name}: {dict(ops)}"
     else:
         assert row.became == "Loop", f"{cell.name}: became {row.became!r}"
         assert row.reason.strip(), f"{flavor} {cell.name}: stayed a Loop without a reason"
@@ -371,13 +382,13 @@ def test_report_row_is_a_native_node_or_a_loop_with_a_reason(flavor, cell):
         assert not any(ops[op] for op in helpers.RECURRENT_OPS), f"{cell.name}: a Loop row beside a native node"
 
 
-@pytest.mark.parametrize("flavor, cell", [pytest.param(flavor, cell, id=f"{cell.name}-{flavor}")
-                                          for cell in STANDARD for flavor in parity.FLAVORS])
-def test_hand_written_standard_cell_is_fused(flavor, cell):
+@pytest.mark.parametrize("flavor, cell, form", [pytest.param(flavor, cell, form, id=f"{cell.name}-{form}-{flavor}")
+                                                for cell in STANDARD for form in FORMS for flavor in parity.FLAVORS])
+def test_hand_written_standard_cell_is_fused(flavor, cell, form):
     """The standard formulas written by hand become their native node, so the declines above are
     the matchers telling near-misses apart, not refusing custom cells."""
-    entry = result(flavor, cell)
-    row = _row(flavor, cell)
+    entry = result(flavor, cell, form)
+    row = _row(flavor, cell, form)
     assert row.became == cell.standard, f"{flavor} {cell.name}: became {row.became} ({row.reason})"
     assert helpers.op_counts(entry.proto)[cell.standard] == 1
     if cell.standard == "GRU":

@@ -1,0 +1,187 @@
+"""``unroll=True`` layers: the chain of cell steps Keras writes into the graph becomes the one native
+node a rolled layer gets, exact.
+
+One model per Keras flavor and cell kind holds every form side by side on one input (so one
+conversion serves them all): return_sequences or the last output, go_backwards, Bidirectional,
+a Masking layer (a batch of full, post-padded, pre-padded, holed and empty rows), return_state
+with initial states given as model inputs, and the generic ``RNN(cell, unroll=True)``. Every
+weight is random, biases included. For each model:
+- onnxruntime gives ``model(x, training=False)`` within 1e-5, every output;
+- every pass of every layer has a report row that names its native node and says it was
+  unrolled over the model's steps, and the graph keeps no MatMul (no step of any cell is left)
+  and no Loop;
+- sequences of two steps (whose first step is the one the others are compared with) and a fixed
+  batch of one fuse too.
+"""
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+import helpers
+import parity
+
+FEATURES, UNITS = 3, 4
+TOLERANCE = 1e-5
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A cell kind as a Keras layer: the layer class, its options, and its cell class."""
+
+    kind: str  # LSTM, GRU, SimpleRNN
+    options: tuple = ()  # (name, value) pairs
+
+    @property
+    def id(self) -> str:
+        return self.kind + "".join(f"-{k}={v}" for k, v in self.options)
+
+    @property
+    def scope(self) -> str:
+        return helpers.SCOPE_NAME[self.kind]
+
+    def layer(self, K, name: str, **kwargs):
+        return getattr(K.layers, self.kind)(UNITS, unroll=True, name=f"{self.scope}_{name}", **dict(self.options),
+                                            **kwargs)
+
+    def generic(self, K, name: str, **kwargs):
+        """``RNN(<kind>Cell(...), unroll=True)``."""
+        cell = getattr(K.layers, f"{self.kind}Cell")(UNITS, **dict(self.options))
+        return K.layers.RNN(cell, unroll=True, name=f"{self.scope}_{name}", **kwargs)
+
+
+VARIANTS = (Variant("LSTM"), Variant("GRU"), Variant("GRU", (("reset_after", False),)), Variant("SimpleRNN"))
+
+
+def branches(K, variant: Variant, x, masked, initial):
+    """Every form of the variant's layer on ``x`` (or the masked ``x``): (outputs, native passes)."""
+    outputs, passes = [], 0
+
+    def add(result, directions=1):
+        nonlocal passes
+        outputs.extend(result if isinstance(result, (list, tuple)) else [result])
+        passes += directions
+
+    add(variant.layer(K, "seq", return_sequences=True)(x))
+    add(variant.layer(K, "last_backward", go_backwards=True)(x))
+    add(variant.layer(K, "seq_backward", return_sequences=True, go_backwards=True)(x))
+    add(K.layers.Bidirectional(variant.layer(K, "bidi", return_sequences=True), name=f"{variant.scope}_bi")(x), 2)
+    add(variant.layer(K, "masked_seq", return_sequences=True)(masked))
+    add(variant.layer(K, "masked_last_backward", go_backwards=True)(masked))
+    add(variant.layer(K, "masked_seq_backward", return_sequences=True, go_backwards=True)(masked))
+    add(K.layers.Bidirectional(variant.layer(K, "masked_bidi", return_sequences=True),
+                               name=f"{variant.scope}_masked_bi")(masked), 2)
+    add(K.layers.Bidirectional(variant.layer(K, "masked_bidi_last"), name=f"{variant.scope}_masked_bi_last")(masked), 2)
+    add(variant.layer(K, "states", return_sequences=True, return_state=True)(masked, initial_state=initial))
+    add(variant.generic(K, "generic", return_sequences=True)(masked))
+    return outputs, passes
+
+
+@dataclass(frozen=True)
+class Case:
+    variant: Variant
+    time: int
+
+    @property
+    def id(self) -> str:
+        return f"{self.variant.id}-T{self.time}"
+
+
+def build(flavor: str, case: Case):
+    K = parity.keras_module(flavor)
+    x = K.Input((case.time, FEATURES), name="x")
+    states = helpers.STATE_NAMES[case.variant.kind]
+    initial = [K.Input((UNITS,), name=f"init_{s}") for s in states]
+    masked = K.layers.Masking(0.0, name="masking")(x)
+    outputs, _ = branches(K, case.variant, x, masked, initial)
+    model = K.Model([x] + initial, outputs, name="unrolled")
+    parity.randomize_weights(model, zlib.crc32(f"{flavor}/{case.id}".encode()))
+    return model
+
+
+def passes_of(flavor: str, case: Case) -> int:
+    K = parity.keras_module(flavor)
+    x = K.Input((case.time, FEATURES))
+    initial = [K.Input((UNITS,)) for _ in helpers.STATE_NAMES[case.variant.kind]]
+    return branches(K, case.variant, x, K.layers.Masking(0.0)(x), initial)[1]
+
+
+def batch(case: Case, seed: int) -> list:
+    """Rows: full, post-padded, pre-padded, holed, empty, full (the padding rows are zeros, which
+    the Masking layer masks)."""
+    rng = np.random.default_rng(seed)
+    time = case.time
+    x = rng.standard_normal((6, time, FEATURES)).astype(np.float32)
+    x[1, time - 1:] = 0  # post-padded
+    x[2, :1] = 0  # pre-padded
+    x[3, time // 2] = 0  # a hole (for two steps: the second one)
+    x[4] = 0  # empty
+    states = [rng.standard_normal((6, UNITS)).astype(np.float32) for _ in helpers.STATE_NAMES[case.variant.kind]]
+    return [x] + states
+
+
+CASES = [Case(variant, 5) for variant in VARIANTS] + [Case(Variant("LSTM"), 2), Case(Variant("GRU"), 2)]
+PARAMS = [pytest.param(flavor, case, id=f"{case.id}-{flavor}") for case in CASES for flavor in parity.FLAVORS]
+
+
+def converted(flavor: str, case: Case):
+    return parity.converted_with(flavor, case, build)
+
+
+@pytest.mark.parametrize("flavor, case", PARAMS)
+def test_onnx_matches_keras(flavor, case):
+    entry = converted(flavor, case)
+    arrays = batch(case, 7)
+    names = ["x"] + [f"init_{s}" for s in helpers.STATE_NAMES[case.variant.kind]]
+    expected = parity.keras_outputs(entry.model, arrays)
+    actual = parity.run_onnx(helpers.ort_session(entry.proto), names, arrays)
+    problems, error = parity.output_problems(case.id, [o.name for o in entry.proto.graph.output], expected, actual,
+                                             TOLERANCE)
+    assert not problems, "\n".join(problems) + "\n" + parity.report_table(entry.proto)
+
+
+@pytest.mark.parametrize("flavor, case", PARAMS)
+def test_every_pass_is_one_native_node_and_no_step_is_left(flavor, case):
+    from tf2onnx_rnn import report_of
+
+    entry = converted(flavor, case)
+    rows = report_of(entry.proto).outcomes
+    table = parity.report_table(entry.proto)
+    assert len(rows) == passes_of(flavor, case), table
+    op = helpers.ONNX_OP[case.variant.kind]
+    nodes = {n.name: n for n in helpers.all_nodes(entry.proto)}
+    for row in rows:
+        assert row.became == op and row.unrolled == case.time, table
+        assert row.node in nodes and nodes[row.node].op_type == op, table
+    ops = helpers.op_counts(entry.proto)
+    assert not ops["MatMul"] and not any(ops[o] for o in helpers.LOOP_OPS), f"{dict(ops)}\n{table}"
+    assert f"unrolled, {case.time} steps" in table
+
+
+@pytest.mark.parametrize("flavor", parity.FLAVORS)
+def test_fixed_batch_of_one(flavor):
+    """A batch-1 signature (as embedded exports use) fuses and matches too."""
+    import tensorflow as tf
+
+    from tf2onnx_rnn import convert_keras, report_of
+
+    case = Case(Variant("LSTM"), 5)
+    model = build(flavor, case)
+    signature = [tf.TensorSpec((1, case.time, FEATURES), tf.float32, name="x")] + [
+        tf.TensorSpec((1, UNITS), tf.float32, name=f"init_{s}") for s in helpers.STATE_NAMES["LSTM"]]
+    proto = convert_keras(model, input_signature=signature)
+    rows = report_of(proto).outcomes
+    assert rows and all(r.became == "LSTM" for r in rows), parity.report_table(proto)
+    assert not helpers.op_counts(proto)["MatMul"]
+    session = helpers.ort_session(proto)
+    names = [i.name for i in session.get_inputs()]
+    for row in range(6):
+        arrays = [a[row:row + 1] for a in batch(case, 11)]
+        expected = parity.keras_outputs(model, arrays)
+        actual = parity.run_onnx(session, names, arrays)
+        problems, _ = parity.output_problems(f"row {row}", [o.name for o in proto.graph.output], expected, actual,
+                                             TOLERANCE)
+        assert not problems, "\n".join(problems)
