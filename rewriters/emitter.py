@@ -40,12 +40,12 @@ _TAKES_BETA = {"Affine", "ScaledTanh", "HardSigmoid"}
 _BATCH_MAJOR = [1, 0, 2]
 
 
-def _attributes(layer: RecurrentLayer) -> dict:
+def _attributes(layer: RecurrentLayer, direction: NodeDirection) -> dict:
     first = layer.first
     activations = [a for one in layer.passes for a in one.activations]
     attrs = {
         "hidden_size": first.hidden_size,
-        "direction": layer.direction.value,
+        "direction": direction.value,
         "activations": [a.name for a in activations],
     }
     alphas = [a.alpha for a in activations if a.name in _TAKES_ALPHA]
@@ -74,6 +74,10 @@ class StateWiring:
         """[B, H]: what a masked pass's carried output is before its first kept step (None: zeros,
         as Keras starts every call)."""
         return None
+
+    def final_roles(self, layer: RecurrentLayer) -> set:
+        """The states the layer's node must give at its end: those the model uses."""
+        return {role for one in layer.passes for role, _ in one.wiring.final_states}
 
     def finish(self, emission: "_Emission", node) -> tuple:
         """Add what the variant needs around the built node; returns the :class:`StateIO` it added."""
@@ -124,6 +128,9 @@ class StreamedStates(StateWiring):
             states.append((role, name))
         streamed = replace(one, wiring=replace(one.wiring, initial_states=tuple(states), constant_states=()))
         return replace(layer, passes=(streamed,))
+
+    def final_roles(self, layer: RecurrentLayer) -> set:
+        return super().final_roles(layer) | set(layer.first.kind.state_roles)  # every state is an output
 
     def carried_start(self, emission: "_Emission", index: int) -> Optional[str]:
         # in a whole sequence a masked step repeats the last kept step's output, which is the state
@@ -213,7 +220,9 @@ class _MaskTensors:
 
     @_built_once
     def ints(self) -> str:
-        return self.op("Cast", [self.bool], to=TensorProto.INT64)
+        """[T, B] int64: 1 at kept steps. A Where, not a Cast: tract casts to int64 as its symbolic
+        dimension type, which its CumSum cannot add."""
+        return self.op("Where", [self.bool, self.const(1), self.const(0)])
 
     @_built_once
     def time_and_batch(self):
@@ -227,10 +236,14 @@ class _MaskTensors:
         return self.op("Range", [self.const(0), self.time_and_batch[1], self.const(1)])
 
     @_built_once
+    def counts(self) -> str:
+        """[B] int64: kept steps per row."""
+        return self.builder.make_reduce_sum({"data": self.ints, "axes": [0], "keepdims": 0})
+
+    @_built_once
     def lengths(self) -> str:
         """[B] int32: kept steps per row, the node's sequence_lens."""
-        total = self.builder.make_reduce_sum({"data": self.ints, "axes": [0], "keepdims": 0})
-        return self.op("Cast", [total], to=TensorProto.INT32)
+        return self.op("Cast", [self.counts], to=TensorProto.INT32)
 
     @_built_once
     def source(self) -> str:
@@ -244,17 +257,49 @@ class _MaskTensors:
         return self.op("Add", [self.op("Mul", [clamped, self.time_and_batch[1]]), self.batch_index])
 
     @_built_once
+    def steps(self) -> str:
+        """[T, 1]: 0 .. T-1."""
+        time = self.time_and_batch[0]
+        return self.builder.make_unsqueeze({"data": self.op("Range", [self.const(0), time, self.const(1)]),
+                                            "axes": [1]})
+
+    @_built_once
     def compaction_rows(self) -> str:
         """[T, B]: for compacted position k, the row of the flattened input to read."""
         time, batch = self.time_and_batch
-        steps = self.builder.make_unsqueeze({"data": self.op("Range", [self.const(0), time, self.const(1)]),
-                                             "axes": [1]})
-        dropped = self.op("Sub", [self.const(1), self.ints])
-        key = self.op("Add", [self.op("Mul", [dropped, time]), steps])  # kept steps first, in order
+        # kept steps first, in order: t, else T + t. Sorted as int32: tract computes on sizes in its
+        # symbolic dimension type, which its TopK cannot compare (nor multiply by a symbolic T)
+        key = self.op("Where", [self.bool, self.steps, self.op("Add", [self.steps, time])])
+        key = self.op("Cast", [key], to=TensorProto.INT32)
         count = self.builder.make_unsqueeze({"data": time, "axes": [0]})
         order = self.graph.make_node("TopK", [key, count], attr={"axis": 0, "largest": 0, "sorted": 1},
                                      output_count=2).output[1]
         return self.op("Add", [self.op("Mul", [order, batch]), self.batch_index])
+
+    @_built_once
+    def last_rows(self) -> str:
+        """[1, B]: the row of a flattened [T*B, H] output at each row's last compacted kept
+        position (count - 1, clamped at 0)."""
+        last = self.op("Max", [self.op("Sub", [self.counts, self.const(1)]), self.const(0)])
+        rows = self.op("Add", [self.op("Mul", [last, self.time_and_batch[1]]), self.batch_index])
+        return self.builder.make_unsqueeze({"data": rows, "axes": [0]})
+
+    @_built_once
+    def reversal_rows(self) -> str:
+        """[T, B]: for position k of a row with n kept steps at the front, the row of a flattened
+        [T*B, ...] tensor to read so that the kept steps come in reverse: n-1-k for k < n, k after.
+        Reversing twice is the identity. (ReverseSequence does the same; tract has no ReverseSequence.)"""
+        batch = self.time_and_batch[1]
+        counts = self.builder.make_unsqueeze({"data": self.counts, "axes": [0]})
+        flipped = self.op("Sub", [self.op("Sub", [counts, self.const(1)]), self.steps])
+        position = self.op("Where", [self.op("Less", [self.steps, counts]), flipped, self.steps])
+        return self.op("Add", [self.op("Mul", [position, batch]), self.batch_index])
+
+    @_built_once
+    def reversed_compaction_rows(self) -> str:
+        """[T, B]: :attr:`compaction_rows` with each row's kept steps in reverse (one gather of the input)."""
+        rows = self.op("Reshape", [self.compaction_rows, self.const([-1])])
+        return self.op("Gather", [rows, self.reversal_rows], axis=0)
 
     @_built_once
     def kept(self) -> str:
@@ -275,8 +320,7 @@ class _MaskTensors:
     @_built_once
     def nonempty(self) -> str:
         """[B, 1] bool: rows with at least one kept step."""
-        return self.builder.make_unsqueeze({"data": self.op("Greater", [self.lengths, self.const(0, np.int32)]),
-                                            "axes": [1]})
+        return self.builder.make_unsqueeze({"data": self.op("Greater", [self.counts, self.const(0)]), "axes": [1]})
 
     def kept_at(self, step: int) -> str:
         """[1, B, 1] bool: whether ``step`` (0 or -1) is kept."""
@@ -285,6 +329,22 @@ class _MaskTensors:
     def compact(self, x: str) -> str:
         """[T, B, F] -> the same with each row's kept steps moved to the front, in order."""
         return self.op("Gather", [self.op("Flatten", [x], axis=2), self.compaction_rows], axis=0)
+
+    def compact_reversed(self, x: str, compacted: bool = True) -> str:
+        """[T, B, F] -> each row's kept steps at the front in reverse order (last kept step first);
+        ``compacted=False``: the kept steps are at the front already (post-padded)."""
+        rows = self.reversed_compaction_rows if compacted else self.reversal_rows
+        return self.op("Gather", [self.op("Flatten", [x], axis=2), rows], axis=0)
+
+    def unreverse(self, y: str) -> str:
+        """[T, B, H] outputs of a node run over :meth:`compact_reversed` input -> in compacted order."""
+        return self.op("Gather", [self.op("Flatten", [y], axis=2), self.reversal_rows], axis=0)
+
+    def at_last_kept(self, y: str) -> str:
+        """[1, B, H]: a node's output at each row's last compacted kept position, which is its state
+        there; zeros for a row with no kept step (as ONNX gives with sequence_lens 0)."""
+        last = self.op("Gather", [self.op("Flatten", [y], axis=2), self.last_rows], axis=0)
+        return self.op("Where", [self.nonempty, last, self.zero])
 
     def restore(self, y: str, output: MaskedOutput, start: Optional[str] = None) -> str:
         """[T, B, H] outputs at compacted positions -> Keras's outputs at every step; a carried
@@ -306,20 +366,142 @@ def compacts(layer: RecurrentLayer, assume_post_padded: bool) -> bool:
     return layer.mask is not None and (not assume_post_padded or reversed_input)
 
 
+class MaskForm:
+    """How a masked layer's mask reaches its node: the kept counts as ``sequence_lens``, so the node
+    stops at each row's last kept step (compacted first unless post-padding is assumed).
+
+    A wiring variant of the one emitter; :class:`PortableMask` is the other. The emitter asks the
+    variant the nodes a layer becomes, each node's direction, X and sequence_lens, a pass's outputs
+    in compacted order, and its state at the last kept step. An unmasked layer takes this form
+    with no mask (but for the portable target's reverse passes, see :func:`mask_form`).
+    """
+
+    def __init__(self, note: str = ""):
+        self.note = note  # why a layer asked for another form has this one, for the report
+
+    def layers(self, layer: RecurrentLayer) -> tuple:
+        """The layers the node(s) are built from, one node each."""
+        return (layer,)
+
+    def direction(self, layer: RecurrentLayer) -> NodeDirection:
+        """The node's direction attribute."""
+        return layer.direction
+
+    def inputs(self, emission: "_Emission") -> tuple:
+        """The node's X and sequence_lens ("" for none)."""
+        x = emission.current(emission.layer.x)
+        if emission.mask is None:
+            return x, ""
+        return (emission.mask.compact(x) if emission.compacted else x), emission.mask.lengths
+
+    def steps(self, emission: "_Emission", y: str) -> str:
+        """[T, B, H]: a pass's node outputs -> its outputs in the order of X, at compacted positions
+        when masked (zero past each row's kept count when not compacted)."""
+        return y
+
+    def state(self, emission: "_Emission", node, index: int, role: StateRole) -> str:
+        """[1, B, H]: pass ``index``'s state at its last kept step (zeros for a row with none)."""
+        state = node.output[_STATE_OUTPUT[role]]
+        if len(emission.layer.passes) > 1:
+            state = emission.builder.make_slice({"data": state, "starts": [index], "ends": [index + 1], "axes": [0]})
+        return state
+
+    def describe(self, layer: RecurrentLayer, compacted: bool) -> str:
+        """The form ``layer`` (as planned, before :meth:`layers`) took, for the report's mask column."""
+        form = "compacted + sequence_lens" if compacted else "sequence_lens (post-padded assumed)"
+        return f"{form} ({self.note})" if self.note else form
+
+
+SEQUENCE_LENS = MaskForm()
+
+
+class PortableMask(MaskForm):
+    """Target "portable": no computed ``sequence_lens`` (tract takes it only as a constant, onnx2torch
+    not at all). Each row's kept steps are compacted to the front as usual and the node runs over
+    every step; what comes after the kept steps never reaches an output: the outputs are gathered
+    back from the kept positions, and the state from the last one (the output there is the hidden
+    state). A pass that steps backward runs FORWARD over each row's kept steps reversed (a gather,
+    composed with the compaction's), and its outputs are reversed back per row. A Bidirectional
+    layer becomes two forward nodes: one node cannot reverse its backward direction per row.
+
+    Exact for every layer whose final cell state (LSTM's c) is not used: the node outputs only h
+    at each step (:func:`mask_form` keeps ``sequence_lens`` for those).
+
+    Every node it builds runs forward: tract runs a ``direction="reverse"`` node forward (it reads
+    the direction from the number of directions only), so an unmasked pass that steps backward
+    runs forward over its input reversed in time too, its outputs reversed back.
+    """
+
+    def layers(self, layer: RecurrentLayer) -> tuple:
+        if layer.direction is not NodeDirection.BIDIRECTIONAL:
+            return (layer,)
+        forward, backward = layer.passes
+        return (replace(layer, direction=NodeDirection.FORWARD, passes=(forward,)),
+                replace(layer, direction=NodeDirection.REVERSE, passes=(backward,)))
+
+    def direction(self, layer: RecurrentLayer) -> NodeDirection:
+        return NodeDirection.FORWARD
+
+    def inputs(self, emission: "_Emission") -> tuple:
+        x, mask = emission.current(emission.layer.x), emission.mask
+        if emission.layer.direction is NodeDirection.REVERSE:
+            return (emission.reversed_in_time(x) if mask is None else mask.compact_reversed(x, emission.compacted)), ""
+        return (mask.compact(x) if emission.compacted else x), ""
+
+    def steps(self, emission: "_Emission", y: str) -> str:
+        mask = emission.mask
+        if emission.layer.direction is NodeDirection.REVERSE:
+            y = emission.reversed_in_time(y) if mask is None else mask.unreverse(y)
+        if mask is not None and not emission.compacted:
+            # post-padded: zeros past each row's kept steps, as sequence_lens gives
+            y = mask.op("Where", [mask.kept, y, mask.zero])
+        return y
+
+    def state(self, emission: "_Emission", node, index: int, role: StateRole) -> str:
+        if emission.mask is None:  # the last step of the reversed input is the first: the node's own state
+            return super().state(emission, node, index, role)
+        assert role is StateRole.HIDDEN, "a cell state is not in the node's outputs"
+        return emission.mask.at_last_kept(emission.per_direction(node.output[Out.Y], index, 1))
+
+    def describe(self, layer: RecurrentLayer, compacted: bool) -> str:
+        form = ["portable: no sequence_lens", "compacted" if compacted else "post-padded assumed"]
+        if layer.direction is NodeDirection.BIDIRECTIONAL:
+            form.append("two forward nodes, the backward one over each row's kept steps reversed")
+        elif layer.direction is NodeDirection.REVERSE:
+            form.append("a forward node over each row's kept steps reversed")
+        return ", ".join(form + ["state read at the last kept step"])
+
+
+PORTABLE = PortableMask()
+
+
+def mask_form(layer: RecurrentLayer, context: EmitContext) -> MaskForm:
+    """The form a layer's mask takes in its node(s) (the portable form also takes an unmasked layer
+    that would run ``direction="reverse"``)."""
+    if not context.portable or (layer.mask is None and layer.direction is not NodeDirection.REVERSE):
+        return SEQUENCE_LENS
+    if layer.mask is not None and StateRole.CELL in context.states.final_roles(layer):
+        return MaskForm("kept for the portable target: the final cell state c is used, and without "
+                        "sequence_lens the node gives c only after the last step")
+    return PORTABLE
+
+
 @dataclass(frozen=True)
 class Emitted:
     """What :func:`emit` built, for the report."""
 
-    node: str  # the ONNX node's name
+    node: str  # the ONNX node's name (the first node's when there are two)
     mask_form: str = ""  # how a masked layer's mask reached the node; empty when unmasked
     states: tuple = ()  # StateIO per streamed state (streaming only)
+    nodes: tuple = ()  # every node built, in the layer's pass order: one per pass when a layer became
+    # one node per direction (the portable form of a masked Bidirectional layer), else the one node
 
 
 class _Emission:
     """Builds one node and collects (old tensor, new tensor) replacements."""
 
-    def __init__(self, graph, layer: RecurrentLayer, context: EmitContext):
-        self.graph, self.context = graph, context
+    def __init__(self, graph, layer: RecurrentLayer, context: EmitContext, form: MaskForm = SEQUENCE_LENS):
+        self.graph, self.context, self.form = graph, context, form
         kind, dtype = layer.first.kind, np.dtype(layer.first.dtype)
         if dtype.name not in kind.element_types:
             raise NoMatch(f"onnxruntime's {kind.onnx_op} does not run {dtype.name} (it runs "
@@ -338,12 +520,6 @@ class _Emission:
 
     def current(self, tensor: str) -> str:
         return self.context.current(tensor)
-
-    @property
-    def mask_form(self) -> str:
-        if self.mask is None:
-            return ""
-        return "compacted + sequence_lens" if self.compacted else "sequence_lens (post-padded assumed)"
 
     def stacked_const(self, suffix: str, field_name: str) -> str:
         value = np.stack([getattr(one, field_name) for one in self.layer.passes]).astype(self.layer.first.dtype)
@@ -369,11 +545,7 @@ class _Emission:
     def node(self):
         first, layer = self.layer.first, self.layer
         inputs = [""] * len(Slot)
-        inputs[Slot.X] = self.current(layer.x)
-        if self.mask is not None:
-            inputs[Slot.SEQUENCE_LENS] = self.mask.lengths
-            if self.compacted:
-                inputs[Slot.X] = self.mask.compact(inputs[Slot.X])
+        inputs[Slot.X], inputs[Slot.SEQUENCE_LENS] = self.form.inputs(self)
         inputs[Slot.W] = self.stacked_const("W", "W")
         inputs[Slot.R] = self.stacked_const("R", "R")
         inputs[Slot.B] = self.stacked_const("B", "B")
@@ -385,7 +557,8 @@ class _Emission:
         directions, hidden = len(layer.passes), first.hidden_size
         shapes = [[-1, directions, -1, hidden]] + [[directions, -1, hidden]] * first.kind.state_count
         dtype = helper.np_dtype_to_tensor_dtype(np.dtype(first.dtype))
-        return self.graph.make_node(first.kind.onnx_op, inputs, attr=_attributes(layer), output_count=count,
+        return self.graph.make_node(first.kind.onnx_op, inputs, attr=_attributes(layer, self.form.direction(layer)),
+                                    output_count=count,
                                     name=self.name, shapes=shapes, dtypes=[dtype] * count)
 
     def wire(self, node) -> None:
@@ -412,9 +585,7 @@ class _Emission:
 
     def last_output(self, node, index: int, wiring) -> str:
         """[1, B, H]: pass ``index``'s output at its last step."""
-        last = node.output[Out.Y_H]
-        if len(self.layer.passes) > 1:
-            last = self.builder.make_slice({"data": last, "starts": [index], "ends": [index + 1], "axes": [0]})
+        last = self.form.state(self, node, index, StateRole.HIDDEN)
         if wiring.masked_output is MaskedOutput.ZERO:
             # the loop's last write: zeros when its last step is masked
             return self.mask.op("Where", [self.mask.kept_at(-1 if self.layer.runs_forward(index) else 0), last,
@@ -428,7 +599,7 @@ class _Emission:
 
     def final_state(self, node, index: int, role: StateRole) -> str:
         """[B, H]: the state pass ``index`` ends with."""
-        state = self.per_direction(node.output[_STATE_OUTPUT[role]], index, 0)
+        state = self.builder.make_squeeze({"data": self.form.state(self, node, index, role), "axes": [0]})
         initial = dict(self.layer.passes[index].wiring.initial_states)
         if self.mask is not None and role in initial:
             # a row with no kept step keeps its initial state (ONNX gives zeros)
@@ -437,7 +608,7 @@ class _Emission:
 
     def sequence(self, node, index: int, wiring) -> str:
         """Pass ``index``'s [T, B, H] outputs at every step, in the time order of X."""
-        sequence = self.per_direction(node.output[Out.Y], index, 1)
+        sequence = self.form.steps(self, self.per_direction(node.output[Out.Y], index, 1))
         if self.mask is None:
             return sequence
         if not self.compacted and (wiring.masked_output is MaskedOutput.ZERO or not self.layer.runs_forward(index)):
@@ -457,7 +628,8 @@ class _Emission:
 
 
 def emit(graph, layer: RecurrentLayer, context: EmitContext) -> "Emitted":
-    """Add the node for ``layer`` to ``graph`` and rewire the tensors it replaces.
+    """Add the node for ``layer`` to ``graph`` (two with the portable form of a masked
+    Bidirectional layer) and rewire the tensors it replaces.
 
     ``context`` is shared by the emissions into one graph: it maps tensors that earlier
     emissions replaced (an encoder's states feeding a decoder, say) and holds the mask
@@ -465,11 +637,17 @@ def emit(graph, layer: RecurrentLayer, context: EmitContext) -> "Emitted":
     leaves the graph as it was (apart from unused nodes, which tf2onnx removes).
     Returns what was built.
     """
-    emission = _Emission(graph, layer, context)
-    node = emission.node()
-    emission.wire(node)
-    states = context.states.finish(emission, node)
-    for old, new in emission.replacements:
-        graph.replace_all_inputs(old, new)
-        context.renamed[old] = new
-    return Emitted(node=node.name, mask_form=emission.mask_form, states=states)
+    form = mask_form(layer, context)
+    emissions = [_Emission(graph, part, context, form) for part in form.layers(layer)]
+    nodes, states = [], ()
+    for emission in emissions:
+        nodes.append(emission.node())
+        emission.wire(nodes[-1])
+        states += context.states.finish(emission, nodes[-1])
+    for emission in emissions:
+        for old, new in emission.replacements:
+            graph.replace_all_inputs(old, new)
+            context.renamed[old] = new
+    masked = emissions[0].mask is not None
+    return Emitted(node=nodes[0].name, mask_form=form.describe(layer, emissions[0].compacted) if masked else "",
+                   states=states, nodes=tuple(node.name for node in nodes))

@@ -34,6 +34,7 @@ FIRST_OPSET = 14  # the first opset whose LSTM/GRU/RNN take the layout attribute
 # tf2onnx options passed through as they are (tf2onnx's own names)
 TF2ONNX_OPTIONS = frozenset({"target", "extra_opset", "inputs_as_nchw", "outputs_as_nchw", "custom_ops",
                              "custom_op_handlers", "custom_rewriter", "optimizers", "shape_override"})
+PORTABLE = "portable"  # this package's own target: masked layers without a computed sequence_lens
 
 
 def _tf():
@@ -56,6 +57,11 @@ class Options:
     inputs: Optional[dict] = None  # input name -> shape (None = dynamic dim), to select/fix inputs
     tf2onnx: dict = field(default_factory=dict)  # passed through to tf2onnx
     streaming: Optional[bool] = None  # recurrent states in and out of the model; None: for stateful models
+
+    @property
+    def portable(self) -> bool:
+        """Whether ``target`` names :data:`PORTABLE`."""
+        return PORTABLE in self.tf2onnx.get("target", ())
 
     @classmethod
     def of(cls, opset=None, assume_post_padded=False, continue_on_error=False, large_model=False,
@@ -107,10 +113,12 @@ def _name_list(names, option: str, unique: bool = False) -> tuple:
 
 
 def known_targets() -> tuple:
-    """The ``target`` values: tf2onnx's workarounds for particular runtimes."""
+    """The ``target`` values: tf2onnx's workarounds for particular runtimes, and :data:`PORTABLE`
+    (masked recurrent layers without a computed ``sequence_lens``, for runtimes that take it only
+    as a constant, such as tract), which this package handles and tf2onnx never sees."""
     from tf2onnx import constants
 
-    return tuple(constants.POSSIBLE_TARGETS)
+    return tuple(constants.POSSIBLE_TARGETS) + (PORTABLE,)
 
 
 def check_targets(targets: Sequence[str]) -> list:
@@ -582,7 +590,10 @@ def convert_keras(model, input_signature=None, opset: Optional[int] = None, outp
     ``optimizers``. With ``verify=True`` the ONNX model is run in onnxruntime against the Keras
     model on seeded random inputs and :class:`VerificationError` is raised beyond ``tolerance``.
     Masked layers are exact for any mask; ``assume_post_padded=True`` emits a leaner graph that
-    is exact only when every row's kept steps come first (post-padding).
+    is exact only when every row's kept steps come first (post-padding). ``target="portable"``
+    (beside or instead of tf2onnx's targets) gives masked layers no computed ``sequence_lens``,
+    for runtimes that take it only as a constant (tract), exact wherever the report does not say
+    otherwise.
     The report is logged and stored in the model's metadata.
     """
     conversion = run(keras_model=model, input_signature=input_signature, output_path=output_path, verify=verify,
@@ -679,12 +690,15 @@ def _convert(source: Frozen, options: Options) -> Conversion:
     loops = recurrent_loops(source.graph_def)
     report = ConversionReport()
     try:  # make_rewriter guards the rewriter's construction; this guards make_rewriter itself
-        rewriter = make_rewriter(report, source.layer_names, options.assume_post_padded, bool(options.streaming))
+        rewriter = make_rewriter(report, source.layer_names, options.assume_post_padded, bool(options.streaming),
+                                 portable=options.portable)
     except Exception as error:  # noqa: BLE001 - the conversion goes on without fusing, exact
         report.setup_error = f"internal error while setting up the rewriter: {type(error).__name__}: {error}"
         logger.warning("recurrent layers stay Loops: %s", report.setup_error)
         rewriter = None
     tf2onnx_options = dict(options.tf2onnx)
+    if "target" in tf2onnx_options:  # tf2onnx gets its own targets only
+        tf2onnx_options["target"] = [t for t in tf2onnx_options["target"] if t != PORTABLE]
     custom = list(tf2onnx_options.pop("custom_rewriter", None) or [])
     shape_override = {**(source.shape_override or {}), **(tf2onnx_options.pop("shape_override", None) or {})}
     renames = dict(source.tensors_to_rename or {})

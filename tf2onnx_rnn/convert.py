@@ -111,7 +111,10 @@ def build_parser() -> argparse.ArgumentParser:
                         metavar="NAMES", help="transpose these outputs from NHWC to NCHW")
     parser.add_argument("--extra_opset", "--extra-opset", dest="extra_opset", type=_names,
                         metavar="DOMAIN:VERSION", help="extra opsets to import, e.g. com.microsoft:1")
-    parser.add_argument("--target", type=_names, metavar="TARGETS", help="tf2onnx's workarounds for a runtime")
+    parser.add_argument("--target", type=_names, metavar="TARGETS",
+                        help="tf2onnx's workarounds for a runtime (comma-separated), and portable: masked "
+                             "recurrent layers without a computed sequence_lens, for runtimes that take it only "
+                             "as a constant (tract)")
     parser.add_argument("--large_model", "--large-model", dest="large_model", action="store_true",
                         help="write the weights beside the model (FILE.data): for models over 2 GB")
     parser.add_argument("--continue_on_error", "--continue-on-error", dest="continue_on_error",
