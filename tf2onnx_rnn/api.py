@@ -723,10 +723,16 @@ def _convert(source: Frozen, options: Options) -> Conversion:
                       input_names=source.input_names, output_names=source.output_names, tensors_to_rename=renames,
                       initialized_tables=source.initialized_tables, shape_override=shape_override or None,
                       **tf2onnx_options)
-        if options.large_model:
-            model_proto = _convert_large(source.graph_def, **common)
-        else:
-            model_proto, _ = tf2onnx_convert._convert_common(source.graph_def, **common)  # tf2onnx's own road
+        try:
+            if options.large_model:
+                model_proto = _convert_large(source.graph_def, **common)
+            else:
+                model_proto, _ = tf2onnx_convert._convert_common(source.graph_def, **common)  # tf2onnx's own road
+        except ConversionError:
+            raise
+        except Exception as error:  # tf2onnx's own failure on this graph (say, a type its onnx cannot hold)
+            raise ConversionError(f"tf2onnx cannot convert this model: {type(error).__name__}: "
+                                  f"{first_line(error)}") from error
     _check_nchw(_io_ranks(model_proto), nchw)
     reconcile(report, loops, model_proto, source.layer_names)
     report.outcomes = [dataclasses.replace(o, stateful=True) if o.layer in source.stateful_layers else o
