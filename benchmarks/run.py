@@ -1,16 +1,25 @@
-"""Latency of converted Keras recurrent models in onnxruntime: ours vs stock tf2onnx vs the floor.
+"""Latency of converted Keras recurrent models in onnxruntime and OpenVINO: ours vs stock tf2onnx
+vs the floor.
 
     python benchmarks/run.py                 # every case, results in benchmarks/results/
     python benchmarks/run.py --quick         # a small slice (what the notebook runs)
     python benchmarks/run.py --cases gru-uni-plain-b1 lstm-bi-masked-b16 --out /tmp/bench
+    python benchmarks/run.py --smoke         # two cases, one short round: checks the script runs
 
 For each case one Keras 3 model is converted by this package and by stock tf2onnx
 (``from_keras``, opset 17), and a minimal ONNX graph is built by hand (Transpose -> the one
-native node -> Transpose, lengths fed directly when masked). All four runners (ours, stock,
-minimal, TensorFlow's ``tf.function``) are timed in one process, interleaved round by round,
-onnxruntime and TensorFlow each on one intra-op thread. Reported: medians and the ratios
-ours/minimal and stock/ours. Conversion time and peak memory are measured in child
-processes, one conversion each.
+native node -> Transpose, lengths fed directly when masked). The runners (ours, stock, minimal,
+TensorFlow's ``tf.function``; for masked cases also the ``assume_post_padded`` opt-in and the
+portable target; and, when OpenVINO is installed, ours, minimal and stock in OpenVINO's CPU
+plugin) are timed in one process, interleaved round by round, onnxruntime, OpenVINO and
+TensorFlow each on one thread. Reported: medians and the ratios ours/minimal and stock/ours.
+Conversion time and peak memory are measured in child processes, one conversion each.
+
+OpenVINO compiles with f32 inference precision (its CPU plugin would compute in bf16 on CPUs
+with AMX / AVX512-BF16) and the models' dynamic shapes. There a masked case runs the portable
+form: the default form's computed sequence_lens is ignored by OpenVINO's fused sequence kernel
+under dynamic shapes (the minimal graph's lengths too: its OpenVINO time is the kernel's, not
+an exact floor). Stock tf2onnx's Loops do not load in OpenVINO; its native LSTMs do.
 """
 from __future__ import annotations
 
@@ -72,6 +81,7 @@ def all_cases() -> list:
 
 
 QUICK = ("gru-uni-plain-b1", "lstm-uni-masked-b1", "gru-bi-plain-b1", "rnn-uni-plain-b16")
+SMOKE = ("lstm-uni-masked-b1", "gru-bi-masked-b1")
 
 
 def build_model(case: Case, seed: int = 0):
@@ -148,10 +158,47 @@ def stock_convert(model):
     return model_proto
 
 
-def ours_convert(model, assume_post_padded: bool = False):
+def ours_convert(model, assume_post_padded: bool = False, portable: bool = False):
     from tf2onnx_rnn import convert_keras
 
-    return convert_keras(model, opset=17, assume_post_padded=assume_post_padded)
+    return convert_keras(model, opset=17, assume_post_padded=assume_post_padded,
+                         target="portable" if portable else None)
+
+
+def openvino_available() -> bool:
+    try:
+        import openvino  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def openvino_runner(model_proto, feeds: dict):
+    """A callable running ``model_proto`` in OpenVINO's CPU plugin (one thread, f32), or the first
+    line of why OpenVINO cannot load it."""
+    import tempfile
+
+    import openvino
+
+    core = openvino.Core()
+    with tempfile.TemporaryDirectory() as directory:
+        path = os.path.join(directory, "model.onnx")
+        with open(path, "wb") as stream:
+            stream.write(model_proto.SerializeToString())
+        try:
+            compiled = core.compile_model(core.read_model(path), "CPU", {
+                "INFERENCE_NUM_THREADS": 1, "NUM_STREAMS": 1, "INFERENCE_PRECISION_HINT": "f32"})
+        except RuntimeError as error:
+            reason = [line for line in str(error).splitlines() if line.strip()]
+            return next((line.strip() for line in reason if "Conversion is failed for" in line), reason[-1])
+    request = compiled.create_infer_request()
+    names = [port.get_any_name() for port in compiled.inputs]
+
+    def run():
+        request.infer({name: feeds[name] for name in names})
+        return [np.asarray(request.get_output_tensor(0).data)]
+
+    return run
 
 
 def count_ops(model_proto) -> dict:
@@ -186,27 +233,44 @@ def time_case(case: Case, rounds: int, block: float) -> dict:
     ours_session, stock_session = ort_session(ours), ort_session(stock)
     runners["ours"] = lambda: ours_session.run(None, feeds)
     runners["stock"] = lambda: stock_session.run(None, feeds)
+    portable = ours
     if case.masked:  # the opt-in: exact here, since the benchmark's rows are post-padded
         post_session = ort_session(ours_convert(model, assume_post_padded=True))
         runners["ours_post"] = lambda: post_session.run(None, feeds)
+        portable = ours_convert(model, portable=True)
+        portable_session = ort_session(portable)
+        runners["portable"] = lambda: portable_session.run(None, feeds)
+    minimal_feeds = {"x": x, "lengths": lengths} if case.masked else {"x": x}
     if minimal is not None:
         minimal_session = ort_session(minimal)
-        minimal_feeds = {"x": x, "lengths": lengths} if case.masked else {"x": x}
         runners["minimal"] = lambda: minimal_session.run(None, minimal_feeds)
+    openvino_failures = {}
+    if openvino_available():
+        # masked: the portable form, exact in OpenVINO (see the module's docstring)
+        for name, model_proto, model_feeds in (("ours_ov", portable, feeds), ("minimal_ov", minimal, minimal_feeds),
+                                               ("stock_ov", stock, feeds)):
+            if model_proto is None:
+                continue
+            runner = openvino_runner(model_proto, model_feeds)
+            if callable(runner):
+                runners[name] = runner
+            else:
+                openvino_failures[name] = runner
     serve = tf.function(lambda t: model(t, training=False))
     tensors = [tf.constant(a) for a in keras_inputs] if isinstance(keras_inputs, list) else tf.constant(x)
     runners["tensorflow"] = lambda: serve(tensors).numpy()
 
     expected = np.asarray(model(keras_inputs, training=False))
     errors = {name: float(np.max(np.abs(runners[name]()[0] - expected)))
-              for name in ("ours", "ours_post", "stock") if name in runners}
+              for name in ("ours", "ours_post", "portable", "stock", "ours_ov", "stock_ov") if name in runners}
     samples = {name: [] for name in runners}
     for _ in range(rounds):  # interleaved: every runner once per round
         for name, run in runners.items():
             samples[name].append(_time_block(run, block))
     medians = {name: statistics.median(values) * 1e3 for name, values in samples.items()}
     return {"case": case.name, **asdict(case), "ms": medians, "ours_ops": count_ops(ours),
-            "stock_ops": count_ops(stock), "max_abs_error": errors}
+            "stock_ops": count_ops(stock), "portable_ops": count_ops(portable), "max_abs_error": errors,
+            "openvino_failures": openvino_failures}
 
 
 CHILD = """
@@ -250,9 +314,14 @@ def machine_info() -> dict:
             cpu = next(line.split(":", 1)[1].strip() for line in stream if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
+    info = {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
             "onnxruntime": onnxruntime.__version__, "tensorflow": tf.__version__, "tf2onnx": tf2onnx.__version__,
-            "threads": "onnxruntime and TensorFlow: 1 intra-op thread"}
+            "threads": "onnxruntime and TensorFlow: 1 intra-op thread; OpenVINO: 1 inference thread, 1 stream"}
+    if openvino_available():
+        import openvino
+
+        info["openvino"] = openvino.__version__
+    return info
 
 
 def ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
@@ -261,19 +330,34 @@ def ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
 
 def table(results: Results) -> str:
     lines = ["| case | ours ms | minimal ms | stock ms | TF ms | ours/minimal | post-padded opt-in/minimal "
-             "| stock/ours | nodes ours/stock |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| portable/minimal | stock/ours | nodes ours/stock |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for row in results.cases:
         ms = row["ms"]
         cells = [row["case"]] + [f"{ms[k]:.3f}" if k in ms else "-" for k in ("ours", "minimal", "stock",
                                                                                   "tensorflow")]
-        for key in ("ours", "ours_post"):
+        for key in ("ours", "ours_post", "portable"):
             over_minimal = ratio(ms.get(key), ms.get("minimal"))
             cells.append(f"{over_minimal:.2f}" if over_minimal else "-")
         cells.append(f"{ratio(ms['stock'], ms['ours']):.2f}")
         stock_kind = "Loop" if row["stock_ops"]["loops"] else "native"
         cells.append(f"{row['ours_ops']['nodes']}/{row['stock_ops']['nodes']} ({stock_kind})")
         lines.append("| " + " | ".join(cells) + " |")
+    if any("ours_ov" in row["ms"] for row in results.cases):
+        lines += ["", "OpenVINO CPU (1 thread, f32; masked cases: the portable form):", "",
+                  "| case | ours ms | minimal ms | stock ms | ours/minimal | stock/ours | ours max abs error |",
+                  "|---|---|---|---|---|---|---|"]
+        for row in results.cases:
+            ms, failed = row["ms"], row.get("openvino_failures", {})
+            stock = f"{ms['stock_ov']:.3f}" if "stock_ov" in ms else ("does not load" if "stock_ov" in failed else "-")
+            over_minimal, stock_over = ratio(ms.get("ours_ov"), ms.get("minimal_ov")), ratio(ms.get("stock_ov"),
+                                                                                               ms.get("ours_ov"))
+            error = row["max_abs_error"].get("ours_ov")
+            lines.append("| " + " | ".join([
+                row["case"], f"{ms['ours_ov']:.3f}" if "ours_ov" in ms else failed.get("ours_ov", "-"),
+                f"{ms['minimal_ov']:.3f}" if "minimal_ov" in ms else "-", stock,
+                f"{over_minimal:.2f}" if over_minimal else "-", f"{stock_over:.2f}" if stock_over else "-",
+                f"{error:.1e}" if error is not None else "-"]) + " |")
     if results.conversions:
         lines += ["", "| conversion | ours s | stock s | ours peak MB | stock peak MB |", "|---|---|---|---|---|"]
         for row in results.conversions:
@@ -312,14 +396,16 @@ def write(results: Results, out: str) -> None:
         json.dump(asdict(results), stream, indent=1)
     with open(os.path.join(out, "benchmark.csv"), "w", newline="") as stream:
         writer = csv.writer(stream)
-        writer.writerow(["case", "ours_ms", "ours_post_padded_ms", "minimal_ms", "stock_ms", "tensorflow_ms",
-                         "ours_over_minimal", "stock_over_ours", "ours_nodes", "stock_nodes", "stock_loops"])
+        writer.writerow(["case", "ours_ms", "ours_post_padded_ms", "portable_ms", "minimal_ms", "stock_ms",
+                         "tensorflow_ms", "ours_over_minimal", "stock_over_ours", "ours_nodes", "stock_nodes",
+                         "stock_loops", "openvino_ours_ms", "openvino_minimal_ms", "openvino_stock_ms"])
         for row in results.cases:
             ms = row["ms"]
-            writer.writerow([row["case"], ms["ours"], ms.get("ours_post", ""), ms.get("minimal", ""), ms["stock"],
-                             ms["tensorflow"], ratio(ms["ours"], ms.get("minimal")) or "",
-                             ratio(ms["stock"], ms["ours"]),
-                             row["ours_ops"]["nodes"], row["stock_ops"]["nodes"], row["stock_ops"]["loops"]])
+            writer.writerow([row["case"], ms["ours"], ms.get("ours_post", ""), ms.get("portable", ""),
+                             ms.get("minimal", ""), ms["stock"], ms["tensorflow"],
+                             ratio(ms["ours"], ms.get("minimal")) or "", ratio(ms["stock"], ms["ours"]),
+                             row["ours_ops"]["nodes"], row["stock_ops"]["nodes"], row["stock_ops"]["loops"],
+                             ms.get("ours_ov", ""), ms.get("minimal_ov", ""), ms.get("stock_ov", "")])
     with open(os.path.join(out, "benchmark.md"), "w") as stream:
         stream.write(table(results) + "\n")
     plot(results, os.path.join(out, "benchmark.png"))
@@ -328,19 +414,27 @@ def write(results: Results, out: str) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help=f"only {', '.join(QUICK)}")
+    parser.add_argument("--smoke", action="store_true",
+                        help=f"only {', '.join(SMOKE)}, one short round, no conversion cost: checks the script runs")
     parser.add_argument("--cases", nargs="*", help="case names to run (default: all)")
     parser.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds (default 7)")
     parser.add_argument("--block", type=float, default=0.05, help="seconds per timing block (default 0.05)")
     parser.add_argument("--no-conversion-cost", action="store_true", help="skip conversion time/memory")
     parser.add_argument("--out", default=os.path.join(HERE, "results"), help="output directory")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.rounds, args.block, args.no_conversion_cost = 1, 0.01, True
+        if args.out == os.path.join(HERE, "results"):  # never over the measured results
+            import tempfile
+
+            args.out = tempfile.mkdtemp(prefix="tf2onnx-rnn-benchmark-smoke-")
 
     import tensorflow as tf
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
     cases = all_cases()
-    wanted = QUICK if args.quick else args.cases
+    wanted = SMOKE if args.smoke else QUICK if args.quick else args.cases
     if wanted:
         cases = [c for c in cases if c.name in wanted]
     results = Results(machine=machine_info())
