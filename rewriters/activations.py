@@ -47,7 +47,8 @@ def _candidates(f: Callable[[np.ndarray], np.ndarray]):
 
     alpha, beta = _line(_PROBES, values)
     yield Activation("Affine", alpha, beta), lambda x: alpha * x + beta
-    ramp = (values > 1e-6) & (values < 1 - 1e-6)  # HardSigmoid's linear part, away from its kinks
+    # HardSigmoid's linear part, away from its kinks (a float16 chain may saturate just below 1)
+    ramp = (values > values.min() + 1e-6) & (values < values.max() - 1e-6)
     if np.count_nonzero(ramp) >= 2:
         slope, offset = _line(_PROBES[ramp], values[ramp])
         if slope > 0:
@@ -98,8 +99,20 @@ def _round(value: float) -> float:
     return value
 
 
-def identify(function: Callable[[np.ndarray], np.ndarray], where: str) -> Activation:
-    """The ONNX activation equal to ``function`` on every probe point, else :class:`NoMatch`."""
+# how close a chain must come to an activation, by the type the layer computes in: float32 to a few
+# units of its last place; a float16 chain's own constants are rounded to float16 (Keras's 1/6 in
+# hard_sigmoid is 0.16663, saturating at 0.99976), so it is held to half of float16's unit at 1
+_TOLERANCES = {"float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}
+
+
+def tolerance_for(element_type: str) -> float:
+    """The tolerance of :func:`identify` for a chain computed in ``element_type``."""
+    return _TOLERANCES.get(element_type, _TOLERANCE)
+
+
+def identify(function: Callable[[np.ndarray], np.ndarray], where: str, tolerance: float = _TOLERANCE) -> Activation:
+    """The ONNX activation equal to ``function`` on every probe point (within ``tolerance``, relative
+    above 1), else :class:`NoMatch`."""
     function = _per_unit(function, where)
     try:
         actual = np.asarray(function(_PROBES), dtype=np.float64)
@@ -111,8 +124,8 @@ def identify(function: Callable[[np.ndarray], np.ndarray], where: str) -> Activa
         far = _far_values(function)
     for activation, reference in _candidates(function):
         expected = reference(_PROBES.astype(np.float64))
-        if np.max(np.abs(expected - actual) / np.maximum(1.0, np.abs(expected))) <= _TOLERANCE \
-                and far is not None and _agrees(reference, far):
+        if np.max(np.abs(expected - actual) / np.maximum(1.0, np.abs(expected))) <= tolerance \
+                and far is not None and _agrees(reference, far, tolerance):
             return activation
     raise NoMatch("activation has no exact ONNX recurrent equivalent", where)
 
@@ -148,10 +161,10 @@ def _far_values(function: Callable[[np.ndarray], np.ndarray]):
     return values if values.shape == _FAR_PROBES.shape else None
 
 
-def _agrees(reference: Callable[[np.ndarray], np.ndarray], actual: np.ndarray) -> bool:
+def _agrees(reference: Callable[[np.ndarray], np.ndarray], actual: np.ndarray, tolerance: float) -> bool:
     """Whether ``reference`` gives ``actual`` on the far probes: within the tolerance, or the
     same infinity (NaN never agrees)."""
     with np.errstate(all="ignore"):
         expected = np.asarray(reference(_FAR_PROBES.astype(np.float64)), dtype=np.float64)
-        close = np.abs(expected - actual) <= _TOLERANCE * np.maximum(1.0, np.abs(expected))
+        close = np.abs(expected - actual) <= tolerance * np.maximum(1.0, np.abs(expected))
     return bool(np.all(close | (expected == actual)))

@@ -17,9 +17,9 @@ from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
 import numpy as np
-from onnx import TensorProto
+from onnx import TensorProto, helper
 
-from .activations import identify
+from .activations import identify, tolerance_for
 from .evaluate import ELEMENTWISE_OPS, NotEvaluable, evaluate
 from .layer import Activation, MaskedOutput, Masking, NoMatch, WeightSource, require
 
@@ -209,8 +209,10 @@ class BodyView:
         if not chain:
             return pre, identify(lambda points: points, value)
         graph, resolved = self.graph, self.resolve(value)
+        element_type = helper.tensor_dtype_to_np_dtype(graph.get_dtype(resolved) or TensorProto.FLOAT).name
         try:
-            return pre, identify(lambda points: evaluate(graph, resolved, {pre: points}), value)
+            return pre, identify(lambda points: evaluate(graph, resolved, {pre: points}), value,
+                                 tolerance_for(element_type))
         except NoMatch as no_match:
             ops = "(" + ", ".join(node.type for node in reversed(chain)) + ")"
             raise NoMatch(f"activation {ops}: {no_match.reason}", no_match.node) from no_match

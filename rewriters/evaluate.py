@@ -146,6 +146,7 @@ _OPS: dict[str, Callable] = {
     "SelectV2": lambda n, c, a, b: np.where(c, a, b),
     "Select": lambda n, c, a, b: np.where(c.reshape(c.shape + (1,) * (a.ndim - c.ndim)), a, b),
     "Tile": lambda n, x, multiples: np.tile(x, multiples.tolist()),
+    "BroadcastTo": lambda n, x, shape: np.broadcast_to(x, shape.tolist()),
     "ZerosLike": lambda n, x: np.zeros_like(x),
     "OnesLike": lambda n, x: np.ones_like(x),
     "Fill": lambda n, shape, value: np.full(shape.tolist(), value),

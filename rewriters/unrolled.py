@@ -38,8 +38,8 @@ from .layer import BodyMatch, Direction, NoMatch, Pass, StackMatch, StateRole, W
 _NO_STEP = -1  # the label of what depends on no step's input (weights, initial states)
 _VARYING = -1  # a StepView "slot" for the step's input and mask: not constant, not a state
 # ops that carry a state into the next step's pre-activations without reading the step's input
-_PROJECTIONS = frozenset({"MatMul", "BiasAdd", "Add", "AddV2", "Split", "SplitV", "StridedSlice", "Identity",
-                          "Cast", "Reshape", "ExpandDims", "Squeeze", "Mul"})
+_PROJECTIONS = frozenset({"MatMul", "Gemm", "BiasAdd", "Add", "AddV2", "Split", "SplitV", "StridedSlice",
+                          "Identity", "Cast", "Reshape", "ExpandDims", "Squeeze", "Mul"})
 _ZERO_MAKERS = frozenset({"ZerosLike"})  # Keras's first masked step carries zeros_like(output)
 _STACKS = frozenset({"Pack"})
 _PRODUCTS = frozenset({"MatMul", "BatchMatMulV2", "Gemm"})  # x_t @ W (tf2onnx may have made it a Gemm)
@@ -166,12 +166,12 @@ def _topological(graph, names: set) -> list:
         producers = {graph.get_node_by_output(t) for t in node.input}
         waiting[name] = {p.name for p in producers if p is not None and p.name in nodes and p.name != name}
     users: dict = {}
-    for name, before in waiting.items():
-        for other in before:
+    for name, before in sorted(waiting.items()):
+        for other in sorted(before):
             users.setdefault(other, []).append(name)
-    ready = sorted(name for name, before in waiting.items() if not before)
+    ready = sorted((name for name, before in waiting.items() if not before), reverse=True)
     order = []
-    while ready:
+    while ready:  # the same order in every process: names decide among the nodes that are ready
         name = ready.pop()
         order.append(nodes[name])
         for user in users.get(name, ()):
@@ -201,12 +201,25 @@ def _projections(graph, labels: _Labels, k: int) -> set:
         node = graph.get_node_by_output(tensor)
         if node is None or node.name in found or node.type not in _PROJECTIONS:
             continue
-        varying = [t for t in node.input if not is_constant(graph, t)]
+        varying = [t for t in node.input if not _static(graph, labels, t)]
         if len(varying) != 1 or labels.tensor(varying[0]) != k - 1 or varying[0] in labels.roots:
             continue
         found.add(node.name)
         pending.append(varying[0])
     return found
+
+
+def _static(graph, labels: _Labels, tensor: str) -> bool:
+    """Whether ``tensor`` depends on no step and is computed from constants (a weight, a folded bias)."""
+    if labels.tensor(tensor) != _NO_STEP:
+        return False
+    if is_constant(graph, tensor):
+        return True
+    try:
+        evaluate(graph, tensor)
+    except (NotEvaluable, ValueError, TypeError):
+        return False
+    return True
 
 
 # -- mapping one step onto another ---------------------------------------------------------
@@ -238,10 +251,24 @@ class _Template:
         self.names = {n.name for n in nodes}
         self.x_t, self.mask_t = x_t, mask_t
         self.taken = taken  # nodes already some step's (no node serves two steps)
+        self._injective = True  # whether two states may not start from one tensor (see map)
         self.state_inputs: list = []  # the template's state inputs, in slot order (DISCOVER finds them)
 
     def map(self, x_t: str, mask_t: Optional[str], mode: _Mode, fixed: Optional[dict] = None,
             partial: bool = False) -> _StepMap:
+        """The template mapped onto the step that reads ``x_t`` (see :meth:`_map`); for the first
+        step, states that start from one tensor are tried last."""
+        self._injective = True
+        try:
+            return self._map(x_t, mask_t, mode, fixed, partial)
+        except NoMatch:
+            if mode is not _Mode.RECORD:
+                raise
+        self._injective = False
+        return self._map(x_t, mask_t, mode, fixed, partial)
+
+    def _map(self, x_t: str, mask_t: Optional[str], mode: _Mode, fixed: Optional[dict] = None,
+             partial: bool = False) -> _StepMap:
         """The template mapped onto the step that reads ``x_t``; :class:`NoMatch` where it differs.
         ``partial`` (the last step): TensorFlow pruned what nothing reads (the states a layer does
         not return), so template nodes without a counterpart are left out; whatever the step does
@@ -256,8 +283,8 @@ class _Template:
                 continue  # reached from a consumer (a projection of a state the step starts from), or missing
             index, tensor = anchor
             twins = _twins_of(self.graph, tensor)
-            candidates = {c.name: c for t in twins for c in self.graph.find_output_consumers(t)}
-            for candidate in candidates.values():
+            candidates = {c.name: c for t in sorted(twins) for c in self.graph.find_output_consumers(t)}
+            for _, candidate in sorted(candidates.items()):
                 if candidate.type != node.type or index >= len(candidate.input) or candidate.input[index] not in twins:
                     continue
                 trial = found.copy()
@@ -310,6 +337,8 @@ class _Template:
         if tensor == other or _equal_constants(self.graph, tensor, other):
             return not inside
         if mode is _Mode.RECORD and tensor in self.state_inputs:
+            if self._injective and other in found.states.values():
+                return False  # first try one start per state (two states may start from one zeros tensor)
             found.states[tensor] = other
             return True
         if mode is _Mode.DISCOVER and other not in found.states.values():  # one state follows one state
@@ -412,6 +441,8 @@ def read_chain(graph, chain: Chain, match_cell: MatchCell) -> ChainReading:
     maps = {first: _identity_map(nodes)}
     nxt = template.map(chain.steps[first + 1], step_mask(first + 1), _Mode.DISCOVER, partial=first + 2 == length)
     template.state_inputs = sorted(nxt.states)
+    require(bool(template.state_inputs), "no state passes from one unrolled step to the next (a first step of "
+            "two whose zero states TensorFlow folded away)", chain.unpack)
     leaves = [nxt.states[t] for t in template.state_inputs]  # what the template step leaves, per slot
     for tensor in leaves:
         producer = graph.get_node_by_output(tensor)
@@ -456,6 +487,9 @@ def read_chain(graph, chain: Chain, match_cell: MatchCell) -> ChainReading:
 
 
 _PROBE_ROUNDS = (1.0, 3.0)  # scales of the random inputs the first step is checked on
+# how close the first step's values must come to the cell's, by the type it computes in (a few
+# units of its last place)
+_PROBE_TOLERANCES = {"float16": 4e-3, "bfloat16": 3e-2}
 _PROBE_TOLERANCE = 1e-5
 
 
@@ -470,6 +504,7 @@ def first_step_from_zero(graph, chain: Chain, match: BodyMatch, leaves: Sequence
     weights = gate_weights(match, _no_loop_values(chain), chain.unpack)
     dtype = np.dtype(weights["dtype"])
     rng = np.random.default_rng(0)
+    tolerance = _PROBE_TOLERANCES.get(dtype.name, _PROBE_TOLERANCE)
     roles = dict((slot, role) for role, slot in match.states)
     for scale in _PROBE_ROUNDS:
         x = (rng.standard_normal((batch, weights["input_size"])) * scale).astype(dtype)
@@ -488,7 +523,7 @@ def first_step_from_zero(graph, chain: Chain, match: BodyMatch, leaves: Sequence
                 actual = np.asarray(evaluate(graph, leaf, bindings), np.float64)
             except (NotEvaluable, ValueError) as error:
                 raise NoMatch(f"{differs.reason}, and its values cannot be checked: {error}", differs.node) from error
-            close = actual.shape == value.shape and np.all(np.abs(actual - value) <= _PROBE_TOLERANCE * (1 + np.abs(value)))
+            close = actual.shape == value.shape and np.all(np.abs(actual - value) <= tolerance * (1 + np.abs(value)))
             require(bool(close), f"{differs.reason}, and it does not compute the cell from zero states", leaf)
 
 

@@ -9,6 +9,15 @@ For Keras 3 (``keras``) and tf_keras, hypothesis draws a model (see :func:`examp
 - activations ONNX can express (tanh, sigmoid, relu, hard_sigmoid, softsign, linear; recurrent
   activations sigmoid, hard_sigmoid, tanh) and, for about one layer in ten, ``selu``, which ONNX
   cannot express: that layer must then stay a Loop;
+- about one layer in six (float32 models) is ``RNN(cell)`` with a hand-written cell of
+  ``tests/cells.py``: a near-miss of LSTM, GRU or SimpleRNN (an extra scale or bias, a leaky
+  integrator, peepholes, another gate wiring, layer normalisation...), which may be fused only into
+  a node that gives Keras's output, or a standard formula written by hand, which must be fused;
+- the element type: float32 (mostly), the ``mixed_float16`` policy (compared within 3e-2), or
+  float64 layers, which must stay as they are (onnxruntime's recurrent kernels do not run float64)
+  with a reason naming the type;
+- with a fixed time of 2 or more, each layer may be ``unroll=True``: a chain of steps that must
+  become the same native node (or, kept, stay as its ops with a reason, never a Loop);
 - input features 1-6; no mask, a ``Masking`` layer (padded steps are all-zero vectors), or an
   explicit bool mask input ``m`` passed as ``layer(x, mask=m)``; initial states fed from model
   inputs for the first layer (with ``Masking`` in Keras 3, the upstream mask is sometimes passed
@@ -51,6 +60,7 @@ can be replayed outside hypothesis::
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -63,11 +73,13 @@ import onnx
 from hypothesis import HealthCheck, Phase, event, given, note, seed, settings
 from hypothesis import strategies as st
 
+import cells
 import helpers
 import parity
 from helpers import KINDS, SCOPE_NAME, STATE_COUNT
 
 TOLERANCE = 1e-4
+FLOAT16_TOLERANCE = 3e-2  # mixed_float16: the layers compute in float16
 WEIGHT_SCALE = 0.3
 EXAMPLES = int(os.environ.get("TF2ONNX_RNN_FUZZ_EXAMPLES", "12"))
 SEED = os.environ.get("TF2ONNX_RNN_FUZZ_SEED", "").strip()
@@ -75,9 +87,15 @@ LOG = os.environ.get("TF2ONNX_RNN_FUZZ_LOG", "").strip()
 
 ACTIVATIONS = ("tanh", "sigmoid", "relu", "hard_sigmoid", "softsign", "linear")
 RECURRENT_ACTIVATIONS = ("sigmoid", "hard_sigmoid", "tanh")
+# float64 layers stay tf2onnx's Loops, whose ops onnxruntime must run in float64: it has no float64
+# Softsign, so those activations are not drawn (the conversion refuses such a model in one line)
+FLOAT64_ACTIVATIONS = ("tanh", "sigmoid", "relu", "linear")
+FLOAT64_RECURRENT_ACTIVATIONS = ("sigmoid", "tanh")
 INEXPRESSIBLE = "selu"  # no exact ONNX recurrent activation: the layer must stay a Loop
 MERGE_MODES = ("concat", "sum", "mul", "ave")
 MASKS = ("none", "masking", "input")
+DTYPES = ("float32",) * 4 + ("mixed_float16", "float64")  # mostly float32
+STANDARD_CELLS = frozenset(cell.name for cell in cells.STANDARD)
 ROW_KINDS = ("full", "post", "pre", "holed", "empty")
 
 
@@ -94,10 +112,17 @@ class LayerSpec:
     go_backwards: bool = False
     return_sequences: bool = False
     merge_mode: Optional[str] = None  # set: wrapped in Bidirectional with this merge mode
+    cell: Optional[str] = None  # a hand-written cell of tests/cells.py as RNN(cell) (``kind`` is its family)
+    unroll: bool = False  # unroll=True (only with a fixed time of 2 or more)
 
     @property
     def bidirectional(self) -> bool:
         return self.merge_mode is not None
+
+    @property
+    def near_miss(self) -> bool:
+        """A hand-written cell that is not a standard formula: fused or not, it must be exact."""
+        return self.cell is not None and self.cell not in STANDARD_CELLS
 
     @property
     def expressible(self) -> bool:
@@ -119,10 +144,26 @@ class ModelSpec:
     weight_seed: int = 0
     fixed_batch: Optional[int] = None  # the input signature's batch; None: dynamic
     fixed_time: Optional[int] = None  # the input signature's time; None: dynamic
+    dtype: str = "float32"  # float32, mixed_float16 (the global policy) or float64 (the layers' dtype)
 
     @property
     def expressible(self) -> bool:
         return all(layer.expressible for layer in self.layers)
+
+    def expectation(self, layer: LayerSpec) -> str:
+        """What ``layer`` must become: "fused", "kept" (a Loop, or its unrolled ops), or "either"."""
+        if self.dtype == "float64":
+            return "kept"  # onnxruntime's recurrent kernels do not run float64
+        if layer.near_miss:
+            return "either"
+        if layer.unroll and self.fixed_time == 2 and self.fixed_batch is not None:
+            # two steps, the first folded with its constant zero states: nothing left to compare it with
+            return "either" if layer.expressible else "kept"
+        return "fused" if layer.expressible else "kept"
+
+    @property
+    def tolerance(self) -> float:
+        return FLOAT16_TOLERANCE if self.dtype == "mixed_float16" else TOLERANCE
 
     def state_sizes(self) -> list:
         first = self.layers[0]
@@ -165,13 +206,18 @@ class Example:
 # -- strategies ---------------------------------------------------------------------------------
 
 @st.composite
-def layer_specs(draw, flavor: str, last: bool) -> LayerSpec:
+def layer_specs(draw, flavor: str, last: bool, with_cells: bool = False, float64: bool = False) -> LayerSpec:
+    if with_cells and draw(st.integers(0, 5)) == 5:  # about one layer in six: a hand-written cell
+        cell = draw(st.sampled_from(cells.CELLS))
+        return LayerSpec(kind=cell.family, units=cells.UNITS, activation="tanh", cell=cell.name,
+                         go_backwards=draw(st.booleans()), return_sequences=draw(st.booleans()) if last else True)
     kind = draw(st.sampled_from(KINDS))
     units = draw(st.integers(1, 8))
-    activation = draw(st.sampled_from(ACTIVATIONS))
-    recurrent = draw(st.sampled_from(RECURRENT_ACTIVATIONS)) if kind != "SimpleRNN" else None
+    activation = draw(st.sampled_from(FLOAT64_ACTIVATIONS if float64 else ACTIVATIONS))
+    recurrent = (draw(st.sampled_from(FLOAT64_RECURRENT_ACTIVATIONS if float64 else RECURRENT_ACTIVATIONS))
+                 if kind != "SimpleRNN" else None)
     # about one layer in ten gets an activation ONNX cannot express (shrinks away from it)
-    if draw(st.integers(0, 9)) == 9:
+    if not float64 and draw(st.integers(0, 9)) == 9:
         if recurrent is not None and draw(st.booleans()):
             recurrent = INEXPRESSIBLE
         else:
@@ -191,9 +237,15 @@ def layer_specs(draw, flavor: str, last: bool) -> LayerSpec:
 @st.composite
 def model_specs(draw, flavor: str) -> ModelSpec:
     depth = draw(st.integers(1, 3))
-    layers = tuple(draw(layer_specs(flavor, last=i == depth - 1)) for i in range(depth))
+    dtype = draw(st.sampled_from(DTYPES))
+    layers = tuple(draw(layer_specs(flavor, last=i == depth - 1, with_cells=dtype == "float32",
+                                    float64=dtype == "float64"))
+                   for i in range(depth))
     mask = draw(st.sampled_from(MASKS))
-    initial_state = draw(st.booleans())
+    initial_state = draw(st.booleans()) and dtype == "float32"  # float32 states into other layers: Keras refuses
+    fixed_time = draw(st.one_of(st.none(), st.integers(1, 7)))
+    if fixed_time is not None and fixed_time >= 2:  # unroll=True needs a known number of steps
+        layers = tuple(dataclasses.replace(ls, unroll=draw(st.booleans())) for ls in layers)
     return ModelSpec(
         features=draw(st.integers(1, 6)), layers=layers, mask=mask, initial_state=initial_state,
         # Keras 3 only (its implicit mask is dropped when initial_state is given); in tf_keras the
@@ -203,7 +255,7 @@ def model_specs(draw, flavor: str) -> ModelSpec:
         return_state=draw(st.booleans()),
         weight_seed=draw(st.integers(0, 2**32 - 1)),
         fixed_batch=draw(st.one_of(st.none(), st.integers(1, 4))),
-        fixed_time=draw(st.one_of(st.none(), st.integers(1, 7))))
+        fixed_time=fixed_time, dtype=dtype)
 
 
 @st.composite
@@ -257,24 +309,44 @@ def flatten(out) -> list:
 
 def build_model(flavor: str, spec: ModelSpec):
     K = parity.keras_module(flavor)
+    if spec.dtype != "mixed_float16":
+        return _build_model(K, spec)
+    previous = K.mixed_precision.global_policy()
+    K.mixed_precision.set_global_policy(spec.dtype)
+    try:
+        return _build_model(K, spec)
+    finally:
+        K.mixed_precision.set_global_policy(previous)
+
+
+def _build_model(K, spec: ModelSpec):
     L = K.layers
-    x = K.Input((None, spec.features), name="x")
+    time_ = spec.fixed_time if any(ls.unroll for ls in spec.layers) else None  # unrolling needs the time
+    x = K.Input((time_, spec.features), name="x")
     inputs, h, mask = [x], x, None
     if spec.mask == "masking":
         h = L.Masking(mask_value=0.0, name="fz_masking")(x)
     elif spec.mask == "input":
-        mask = K.Input((None,), dtype="bool", name="m")
+        mask = K.Input((time_,), dtype="bool", name="m")
         inputs.append(mask)
     outputs = []
     for index, ls in enumerate(spec.layers):
         last = index == len(spec.layers) - 1
-        kwargs = dict(activation=ls.activation, use_bias=ls.use_bias, go_backwards=ls.go_backwards,
-                      return_sequences=ls.return_sequences, return_state=last and spec.return_state)
-        if ls.recurrent_activation is not None:
-            kwargs["recurrent_activation"] = ls.recurrent_activation
-        if ls.reset_after is not None:
-            kwargs["reset_after"] = ls.reset_after
-        layer = getattr(L, ls.kind)(ls.units, name=layer_name(index, ls), **kwargs)
+        kwargs = dict(go_backwards=ls.go_backwards, return_sequences=ls.return_sequences,
+                      return_state=last and spec.return_state, unroll=ls.unroll)
+        if spec.dtype == "float64":
+            kwargs["dtype"] = "float64"
+        if ls.cell is not None:
+            cell = next(c for c in cells.CELLS if c.name == ls.cell)
+            layer = L.RNN(cells.cell_layer(K, cell, ls.units, **({"dtype": "float64"} if "dtype" in kwargs else {})),
+                          name=layer_name(index, ls), **kwargs)
+        else:
+            kwargs.update(activation=ls.activation, use_bias=ls.use_bias)
+            if ls.recurrent_activation is not None:
+                kwargs["recurrent_activation"] = ls.recurrent_activation
+            if ls.reset_after is not None:
+                kwargs["reset_after"] = ls.reset_after
+            layer = getattr(L, ls.kind)(ls.units, name=layer_name(index, ls), **kwargs)
         if ls.bidirectional:
             layer = L.Bidirectional(layer, merge_mode=ls.merge_mode, name=f"fz{index}_bi")
         call = {}
@@ -344,6 +416,8 @@ def structure_problems(spec: ModelSpec, proto: onnx.ModelProto) -> tuple:
                 problems.append(f"{o.layer}: became {o.became} but names node {o.node!r}, not such a node")
         elif not o.reason.strip():
             problems.append(f"{o.layer}: stays a Loop without a reason")
+        elif o.reason.startswith("internal error"):
+            problems.append(f"{o.layer}: {o.reason}")
 
     # per layer: the expected number of entries, fused iff its activations are expressible
     by_layer: dict = {}
@@ -357,41 +431,49 @@ def structure_problems(spec: ModelSpec, proto: onnx.ModelProto) -> tuple:
     for index, ls in enumerate(spec.layers):
         entries = by_layer.get(index, [])
         name = layer_name(index, ls)
+        expectation = spec.expectation(ls)
         if len(entries) != ls.directions:
             problems.append(f"{name}: {len(entries)} report entries, expected {ls.directions}")
-        if ls.expressible:
-            fused_nodes += 1
+        # an unrolled masked Bidirectional carries the output at masked steps (Keras zeroes it after
+        # the chain): when its sequence is used, its halves cannot share one node
+        two_nodes = ls.bidirectional and ls.unroll and spec.mask != "none"
+        if bool(entries) and all(o.fused for o in entries):
+            fused_nodes += len({o.node for o in entries}) if two_nodes else 1
+        kept_as = "unrolled ops" if ls.unroll else "Loop"
+        for o in entries:
+            if not o.fused and o.became != kept_as:
+                problems.append(f"{o.layer}: became {o.became!r}, expected {kept_as} (or fused)")
+            if o.fused and o.became != helpers.ONNX_OP[ls.kind]:
+                problems.append(f"{o.layer}: became {o.became}, expected {helpers.ONNX_OP[ls.kind]}")
+            if o.fused and o.unrolled != (spec.fixed_time if ls.unroll else 0):
+                problems.append(f"{o.layer}: reported {o.unrolled} unrolled steps")
+        if expectation == "fused":
             unfused = [f"{o.layer}: {o.reason}" for o in entries if not o.fused]
             if unfused:
-                problems.append(f"{name} ({ls.activation}/{ls.recurrent_activation}) stayed a Loop: {unfused}")
-            expected_op = helpers.ONNX_OP[ls.kind]
-            for o in entries:
-                if o.fused and o.became != expected_op:
-                    problems.append(f"{o.layer}: became {o.became}, expected {expected_op}")
-            if ls.bidirectional and len(entries) == 2 and all(o.fused for o in entries):
+                problems.append(f"{name} ({ls.cell or ls.activation}/{ls.recurrent_activation}) was not fused: {unfused}")
+            if ls.bidirectional and not two_nodes and len(entries) == 2 and all(o.fused for o in entries):
                 node = nodes.get(entries[0].node)
                 if entries[0].node != entries[1].node or node is None or helpers.direction_of(node) != "bidirectional":
                     problems.append(f"Bidirectional as two nodes: {name}: Bidirectional became {len({o.node for o in entries})} nodes, "
                                  f"not one bidirectional node: {[(o.node, o.node_direction) for o in entries]}")
-        else:
+        elif expectation == "kept":
             fused = [o.layer for o in entries if o.fused]
             if fused:
-                problems.append(f"{name} uses {INEXPRESSIBLE} but was fused: {fused}")
+                problems.append(f"{name} ({spec.dtype}, {ls.activation}) must stay as it is but was fused: {fused}")
+            if spec.dtype == "float64" and not all("float64" in o.reason for o in entries):
+                problems.append(f"{name}: a float64 layer's reason does not name the type: {[o.reason for o in entries]}")
 
     if len(native) != fused_nodes:
         problems.append(f"more native nodes than layers: {len(native)} native recurrent nodes "
                         f"{[(n.op_type, helpers.direction_of(n)) for n in native]}, expected {fused_nodes}")
-    if spec.expressible:
-        if loops:
-            problems.append(f"Loop/Scan nodes left: {[(n.op_type, n.name) for n in loops]}")
-        if stats["kept"]:
-            problems.append(f"{stats['kept']} loop(s) left as Loop in a model without {INEXPRESSIBLE}")
-    else:
-        scans = [n.name for n in loops if n.op_type == "Scan"]
-        if scans:
-            problems.append(f"Scan nodes: {scans}")
-        if len(loops) != stats["kept"]:
-            problems.append(f"{stats['kept']} loop(s) reported kept, the graph has {len(loops)} Loop node(s)")
+    loop_rows = sum(o.became == "Loop" for o in outcomes)
+    if all(spec.expectation(ls) == "fused" for ls in spec.layers) and loops:
+        problems.append(f"Loop/Scan nodes left: {[(n.op_type, n.name) for n in loops]}")
+    scans = [n.name for n in loops if n.op_type == "Scan"]
+    if scans:
+        problems.append(f"Scan nodes: {scans}")
+    if len(loops) != loop_rows:
+        problems.append(f"{loop_rows} loop(s) reported kept as Loop, the graph has {len(loops)} Loop node(s)")
     return problems, notes, stats
 
 
@@ -409,7 +491,7 @@ def parity_problems(spec: ModelSpec, model, proto: onnx.ModelProto, rounds) -> t
         expected = parity.keras_outputs(model, arrays)
         actual = parity.run_onnx(session, spec.input_names(), arrays)
         found, error = parity.output_problems(label, [o.name for o in proto.graph.output], expected, actual,
-                                              TOLERANCE)
+                                              spec.tolerance)
         problems += found
         worst = max(worst, error) if error == error else float("nan")
     return problems, worst
