@@ -23,7 +23,7 @@ from .adapt import build_pass, layer_name, plan_nodes
 from .body import BodyView, read_skeleton, unmask
 from .bool_masks import exact_selects, integer_any, select_bool_products
 from .emitter import MODEL_STATES, EmitContext, StreamedStates, emit
-from .layer import BodyMatch, NoMatch, Pass, StackMatch, require
+from .layer import BodyMatch, NodeDirection, NoMatch, Pass, StackMatch, require
 from .stacked import match_stack, stack_passes
 from .unrolled import Chain, chain_pass, find_chains, is_recurrent, read_chain
 
@@ -275,10 +275,12 @@ class RecurrentRewriter:
         if first.stacked:
             self._record_stack_cell(first, emitted)
             return
-        for one in layer.passes:
+        split = len(emitted.nodes) == len(layer.passes) > 1  # one node per direction (the portable form)
+        for index, one in enumerate(layer.passes):
             self._record(LoopOutcome(loop=one.loop, layer=one.name, kind=one.kind.keras_name,
-                                     direction=one.direction.value, became=one.kind.onnx_op, node=emitted.node,
-                                     node_direction=layer.direction.value,
+                                     direction=one.direction.value, became=one.kind.onnx_op,
+                                     node=emitted.nodes[index] if split else emitted.node,
+                                     node_direction=NodeDirection.FORWARD.value if split else layer.direction.value,
                                      activations=", ".join(str(a) for a in one.activations),
                                      mask=_mask_text(one, emitted.mask_form),
                                      state_inputs=tuple(io.input for io in emitted.states),

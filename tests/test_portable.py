@@ -157,6 +157,16 @@ def report_form_problems(proto, case, flavor: str) -> list:
         if not layer_kept and isinstance(case, MaskCase) and case.bidirectional and "two forward nodes" not in \
                 outcome.mask:
             problems.append(f"{outcome.layer}: mask column {outcome.mask!r} does not say two forward nodes")
+    # the two directions of a portable Bidirectional name their own forward node each
+    nodes = {n.name: n for n in helpers.all_nodes(proto)}
+    split = [o for o in report_of(proto).outcomes if "two forward nodes" in o.mask]
+    for outcome in split:
+        node = nodes.get(outcome.node)
+        if node is None or helpers.direction_of(node) != "forward" or outcome.node_direction != "forward":
+            problems.append(f"{outcome.layer} ({outcome.direction}): names {outcome.node!r} "
+                            f"({outcome.node_direction}), not a forward node of its own")
+    if len({o.node for o in split}) != len(split):
+        problems.append(f"two directions name one node: {[(o.direction, o.node) for o in split]}")
     return problems
 
 
