@@ -87,7 +87,7 @@ class RecurrentRewriter:
             loops = [op for op in ops if op.type in _LOOP_TYPES]
             chains = []
             if any(op.type == "Unpack" for op in ops):  # unroll=True layers: chains of steps, no loop
-                chains = self._guarded("finding unrolled layers", [], lambda: find_chains(graph)) or []
+                chains = self._find_chains(graph)
             if loops or chains:
                 self._replace_loops(graph, loops, chains)
             # after the loops are read (the mask's source is named from Keras's own ops): the mask
@@ -223,6 +223,16 @@ class RecurrentRewriter:
         kind = (entry.kind.keras_name if isinstance(entry, BodyMatch) else
                 entry.kind_name if isinstance(entry, StackMatch) else _kind_hint(loop.name + " " + body))
         return LoopId(loop.name, self.layer_of(loop.name) or layer_name(loop.name), kind)
+
+    def _find_chains(self, graph) -> list:
+        """The graph's candidate unrolled layers; none after a fault of ours, which the report keeps
+        (reconciliation then lists the graph's unrolled layers with it)."""
+        try:
+            return find_chains(graph)
+        except Exception as error:  # noqa: BLE001 - the layers stay as their ops, exact
+            self.report.unrolled_error = f"internal error while finding unrolled layers: {_describe(error)}"
+            logger.warning("recurrent rewriter: %s", self.report.unrolled_error, exc_info=True)
+            return []
 
     def _chain_id(self, chain: Chain) -> LoopId:
         return LoopId(chain.unpack, self.layer_of(chain.unpack) or layer_name(chain.unpack), _kind_hint(chain.unpack))

@@ -185,3 +185,32 @@ def test_fixed_batch_of_one(flavor):
         problems, _ = parity.output_problems(f"row {row}", [o.name for o in proto.graph.output], expected, actual,
                                              TOLERANCE)
         assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("broken", ["finding", "setup"])
+def test_a_rewriter_that_cannot_look_for_unrolled_layers_still_reports_them(monkeypatch, broken):
+    """A fault while looking for unrolled layers (or while setting up the rewriter) leaves them as
+    their exact ops, and the report still lists them, with the fault, never "nothing to fuse"."""
+    from tf2onnx_rnn import convert_keras, report_of
+    from tf2onnx_rnn.rewriters import pipeline
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("injected")
+
+    if broken == "finding":
+        monkeypatch.setattr(pipeline, "find_chains", fail)
+    else:
+        monkeypatch.setattr(pipeline.RecurrentRewriter, "__init__", fail)
+    K = parity.keras_module(parity.FLAVORS[0])
+    x = K.Input((4, FEATURES), name="x")
+    model = K.Model(x, K.layers.LSTM(UNITS, unroll=True, name="lstm")(x))
+    parity.randomize_weights(model, 5)
+    proto = convert_keras(model)
+    report = report_of(proto)
+    assert [row.became for row in report.outcomes] == ["unrolled ops"], report.table()
+    stage = "finding unrolled layers" if broken == "finding" else "setting up the rewriter"
+    assert report.outcomes[0].reason.startswith(f"internal error while {stage}"), report.table()
+    assert "nothing to fuse" not in report.summary()
+    arrays = batch(Case(Variant("LSTM"), 4), 3)[:1]
+    (actual,) = helpers.ort_session(proto).run(None, {"x": arrays[0]})
+    np.testing.assert_allclose(actual, parity.keras_outputs(model, arrays)[0], rtol=0, atol=TOLERANCE)

@@ -24,7 +24,7 @@ import onnx
 
 from .errors import ConversionError, VerificationError, first_line
 from .layers import recurrent_layers, stateful_layers
-from .reconcile import graph_nodes, reconcile, recurrent_loops
+from .reconcile import graph_nodes, reconcile, recurrent_loops, unrolled_layers
 from .report import ConversionReport
 
 logger = logging.getLogger("tf2onnx_rnn")
@@ -734,7 +734,7 @@ def _convert(source: Frozen, options: Options) -> Conversion:
             raise ConversionError(f"tf2onnx cannot convert this model: {type(error).__name__}: "
                                   f"{first_line(error)}") from error
     _check_nchw(_io_ranks(model_proto), nchw)
-    reconcile(report, loops, model_proto, source.layer_names)
+    reconcile(report, loops, model_proto, source.layer_names, unrolled_layers(source.graph_def))
     report.outcomes = [dataclasses.replace(o, stateful=True) if o.layer in source.stateful_layers else o
                        for o in report.outcomes]
     if options.streaming:

@@ -14,7 +14,7 @@ from typing import Callable, Iterable, Optional
 
 import onnx
 
-from .report import REMOVED, ConversionReport, LoopOutcome
+from .report import REMOVED, UNROLLED, ConversionReport, LoopOutcome
 
 logger = logging.getLogger("tf2onnx_rnn")
 
@@ -61,6 +61,25 @@ def recurrent_loops(graph_def) -> list:
             if n.op in _WHILE_OPS and reads_a_list(n.attr["body"].func.name)]
 
 
+def unrolled_layers(graph_def) -> list:
+    """Names of the ``Unpack`` nodes of a frozen graph that look like an unrolled recurrent layer's
+    (the time-major input unstacked along axis 0 into two or more steps, each feeding a product, in a
+    scope naming a recurrent layer kind). Only consulted when the rewriter could not look for them."""
+    consumers: dict = {}
+    for node in graph_def.node:
+        for name in node.input:
+            consumers.setdefault(name.split("^")[-1], []).append(node.op)
+    found = []
+    for node in graph_def.node:
+        if node.op != "Unpack" or node.attr["axis"].i != 0 or node.attr["num"].i < 2:
+            continue
+        outputs = [node.name if i == 0 else f"{node.name}:{i}" for i in range(node.attr["num"].i)]
+        if all("MatMul" in consumers.get(t, ()) or "MatMul" in consumers.get(f"{t}:0", ()) for t in outputs) \
+                and RecurrentLoop(node.name, "").kind_hint != "unknown":
+            found.append(node.name)
+    return found
+
+
 def graph_nodes(graph: onnx.GraphProto) -> Iterable[onnx.NodeProto]:
     """Every node of ``graph`` and its subgraphs."""
     for node in graph.node:
@@ -74,8 +93,9 @@ def graph_nodes(graph: onnx.GraphProto) -> Iterable[onnx.NodeProto]:
 
 
 def reconcile(report: ConversionReport, loops: list, model_proto: onnx.ModelProto,
-              layer_of: Callable[[str], Optional[str]] = lambda loop: None) -> None:
-    """Make ``report`` agree with ``model_proto`` for every loop in ``loops`` (in place)."""
+              layer_of: Callable[[str], Optional[str]] = lambda loop: None, unrolled: Iterable[str] = ()) -> None:
+    """Make ``report`` agree with ``model_proto`` for every loop in ``loops`` (in place); when the
+    rewriter could not look for unrolled layers, ``unrolled`` (:func:`unrolled_layers`) get rows too."""
     nodes = list(graph_nodes(model_proto.graph))
     names = {n.name for n in nodes}
     still_loops = {_loop_name(n.name) for n in nodes if n.op_type in ("Loop", "Scan")}
@@ -107,7 +127,12 @@ def reconcile(report: ConversionReport, loops: list, model_proto: onnx.ModelProt
 
     known = {loop.name for loop in loops}
     others = [o for o in report.outcomes if o.loop not in known and (not o.fused or o.node in names)]
-    report.outcomes[:] = [checked(loop) for loop in loops] + others
+    unreported = [name for name in unrolled if name not in rows]
+    why = report.setup_error or report.unrolled_error
+    lost = [_warned(LoopOutcome(loop=name, layer=layer_of(name) or _scope_name(name),
+                                kind=RecurrentLoop(name, "").kind_hint, direction="", became=UNROLLED, reason=why))
+            for name in (unreported if why else [])]
+    report.outcomes[:] = [checked(loop) for loop in loops] + others + lost
 
 
 def _loop_name(onnx_name: str) -> str:
@@ -119,7 +144,8 @@ _LOOP_SUFFIX = "_loop"
 
 
 def _warned(outcome: LoopOutcome) -> LoopOutcome:
-    logger.warning("%s: stays a Loop: %s", outcome.layer, outcome.reason)
+    logger.warning("%s: stays %s: %s", outcome.layer, "unrolled ops" if outcome.became == UNROLLED else "a Loop",
+                   outcome.reason)
     return outcome
 
 

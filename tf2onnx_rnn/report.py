@@ -44,6 +44,7 @@ class LoopOutcome:
 class ConversionReport:
     outcomes: list = field(default_factory=list)
     setup_error: str = ""  # why the rewriter could not run at all (an internal error), if it could not
+    unrolled_error: str = ""  # why unrolled layers could not even be looked for (an internal error), if so
 
     def add(self, outcome: LoopOutcome) -> None:
         self.outcomes.append(outcome)
