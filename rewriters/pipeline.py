@@ -240,7 +240,7 @@ class RecurrentRewriter:
     def _read_chain(self, graph, chain: Chain) -> list:
         """An unrolled layer's pass; none when it stays as its ops (reported when it is recurrent)."""
         try:
-            reading = read_chain(graph, chain, self._match_cell)
+            reading = read_chain(graph, chain, self._match_cells)
             return [chain_pass(graph, chain, reading, self._chain_id(chain).layer)]
         except NoMatch as no_match:
             if is_recurrent(graph, chain) or _kind_hint(chain.unpack) != "unknown":

@@ -584,11 +584,12 @@ def _match_template(graph, chain: Chain, template: _Template, first: int, leaves
             if mask_t:
                 skeleton, masking = unmask(view, skeleton)
             match = match_cell(view, skeleton)
-            require(not isinstance(match, StackMatch), "an unrolled StackedRNNCells layer is not fused: its cells "
-                    "stay as unrolled ops", chain.unpack)
-            return replace(match, masking=masking)
         except NoMatch as no_match:
             reasons.append(no_match)
+            continue
+        require(not isinstance(match, StackMatch), "an unrolled StackedRNNCells layer is not fused: its cells stay "
+                "as unrolled ops (unroll=False makes it one native node per cell)", chain.unpack)
+        return replace(match, masking=masking)
     raise reasons[0]
 
 

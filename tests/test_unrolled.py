@@ -214,3 +214,23 @@ def test_a_rewriter_that_cannot_look_for_unrolled_layers_still_reports_them(monk
     arrays = batch(Case(Variant("LSTM"), 4), 3)[:1]
     (actual,) = helpers.ort_session(proto).run(None, {"x": arrays[0]})
     np.testing.assert_allclose(actual, parity.keras_outputs(model, arrays)[0], rtol=0, atol=TOLERANCE)
+
+
+@pytest.mark.parametrize("flavor", parity.FLAVORS)
+def test_an_unrolled_stack_of_cells_stays_as_its_ops_with_the_reason(flavor):
+    """RNN(StackedRNNCells([...]), unroll=True) is not fused (unroll=False is): its steps stay as they
+    are, exact, and the report says so."""
+    from tf2onnx_rnn import convert_keras, report_of
+
+    K = parity.keras_module(flavor)
+    x = K.Input((4, FEATURES), name="x")
+    cells = K.layers.StackedRNNCells([K.layers.LSTMCell(UNITS), K.layers.GRUCell(3)])
+    model = K.Model(x, K.layers.RNN(cells, unroll=True, return_sequences=True, name="stack")(x))
+    parity.randomize_weights(model, 9)
+    proto = convert_keras(model)
+    rows = report_of(proto).outcomes
+    assert [row.became for row in rows] == ["unrolled ops"], parity.report_table(proto)
+    assert "StackedRNNCells" in rows[0].reason and not helpers.nodes_of_types(proto, helpers.RECURRENT_OPS)
+    arrays = batch(Case(Variant("LSTM"), 4), 3)[:1]
+    (actual,) = helpers.ort_session(proto).run(None, {"x": arrays[0]})
+    np.testing.assert_allclose(actual, parity.keras_outputs(model, arrays)[0], rtol=0, atol=TOLERANCE)
