@@ -40,14 +40,20 @@ _TAKES_BETA = {"Affine", "ScaledTanh", "HardSigmoid"}
 _BATCH_MAJOR = [1, 0, 2]
 
 
-def _attributes(layer: RecurrentLayer, direction: NodeDirection) -> dict:
+def _attributes(layer: RecurrentLayer, direction: NodeDirection, sequence_lens: bool) -> dict:
+    """The node's attributes. ``activations`` is left out when every one is ONNX's default for the op
+    and the node takes no ``sequence_lens``: OpenVINO turns a bidirectional node that lists its
+    activations into two TensorIterator loops (7.7-8.8x slower, measured), but its fused kernel
+    ignores ``sequence_lens`` when shapes are dynamic, which the loops honour."""
     first = layer.first
     activations = [a for one in layer.passes for a in one.activations]
     attrs = {
         "hidden_size": first.hidden_size,
         "direction": direction.value,
-        "activations": [a.name for a in activations],
     }
+    defaults = first.kind.default_activations * len(layer.passes)
+    if sequence_lens or [str(a) for a in activations] != list(defaults):
+        attrs["activations"] = [a.name for a in activations]
     alphas = [a.alpha for a in activations if a.name in _TAKES_ALPHA]
     betas = [a.beta for a in activations if a.name in _TAKES_BETA]
     if alphas:
@@ -346,6 +352,29 @@ class _MaskTensors:
         last = self.op("Gather", [self.op("Flatten", [y], axis=2), self.last_rows], axis=0)
         return self.op("Where", [self.nonempty, last, self.zero])
 
+    @_built_once
+    def kept_source(self) -> str:
+        """[T, B]: ``source`` at kept steps, -1 at the others."""
+        return self.op("Where", [self.bool, self.source, self.const(-1)])
+
+    def restore_from_node(self, y: str, index: int, directions: int, output: MaskedOutput) -> str:
+        """[T, B, H]: pass ``index``'s outputs at every step, read straight from the node's Y
+        [T, directions, B, H] when the node ran with sequence_lens, so its outputs past each row's
+        kept count are zeros (onnxruntime writes them). A step with no output of its own (before the
+        row's first kept step; with ZERO, every masked step) reads the row's position -1, that is
+        T - 1: such a row has fewer than T kept steps, so that position is one of the zeros. No
+        Where over the outputs, no Slice of the directions."""
+        if ("flat", y) not in self._cache:
+            self._cache[("flat", y)] = self.op("Flatten", [y], axis=3)  # [T * directions * B, H]
+        batch = self.time_and_batch[1]
+        source = self.kept_source if output is MaskedOutput.ZERO else self.source
+        stride = batch if directions == 1 else self.op("Mul", [batch, self.const(directions)])
+        offset = self.batch_index
+        if index:
+            offset = self.op("Add", [offset, self.op("Mul", [batch, self.const(index)])])
+        rows = self.op("Add", [self.op("Mul", [source, stride]), offset])
+        return self.op("Gather", [self._cache[("flat", y)], rows], axis=0)
+
     def restore(self, y: str, output: MaskedOutput, start: Optional[str] = None) -> str:
         """[T, B, H] outputs at compacted positions -> Keras's outputs at every step; a carried
         output is ``start`` ([B, H], zeros when None) before each row's first kept step."""
@@ -375,6 +404,8 @@ class MaskForm:
     in compacted order, and its state at the last kept step. An unmasked layer takes this form
     with no mask (but for the portable target's reverse passes, see :func:`mask_form`).
     """
+
+    zeros_past_count = True  # the node's outputs past each row's kept count are zeros (sequence_lens)
 
     def __init__(self, note: str = ""):
         self.note = note  # why a layer asked for another form has this one, for the report
@@ -431,6 +462,8 @@ class PortableMask(MaskForm):
     the direction from the number of directions only), so an unmasked pass that steps backward
     runs forward over its input reversed in time too, its outputs reversed back.
     """
+
+    zeros_past_count = False  # the node runs over every step
 
     def layers(self, layer: RecurrentLayer) -> tuple:
         if layer.direction is not NodeDirection.BIDIRECTIONAL:
@@ -557,7 +590,9 @@ class _Emission:
         directions, hidden = len(layer.passes), first.hidden_size
         shapes = [[-1, directions, -1, hidden]] + [[directions, -1, hidden]] * first.kind.state_count
         dtype = helper.np_dtype_to_tensor_dtype(np.dtype(first.dtype))
-        return self.graph.make_node(first.kind.onnx_op, inputs, attr=_attributes(layer, self.form.direction(layer)),
+        lengths = len(inputs) > Slot.SEQUENCE_LENS and bool(inputs[Slot.SEQUENCE_LENS])
+        attributes = _attributes(layer, self.form.direction(layer), lengths)
+        return self.graph.make_node(first.kind.onnx_op, inputs, attr=attributes,
                                     output_count=count,
                                     name=self.name, shapes=shapes, dtypes=[dtype] * count)
 
@@ -608,15 +643,20 @@ class _Emission:
 
     def sequence(self, node, index: int, wiring) -> str:
         """Pass ``index``'s [T, B, H] outputs at every step, in the time order of X."""
-        sequence = self.form.steps(self, self.per_direction(node.output[Out.Y], index, 1))
+        def sequence():
+            return self.form.steps(self, self.per_direction(node.output[Out.Y], index, 1))
+
         if self.mask is None:
-            return sequence
+            return sequence()
         if not self.compacted and (wiring.masked_output is MaskedOutput.ZERO or not self.layer.runs_forward(index)):
             # post-padded: ONNX already gives zeros after each row's length, which is Keras's output
             # there in zero mode, and, once reversed, before the first kept step of a backward pass
-            return sequence
+            return sequence()
         start = self.context.states.carried_start(self, index)
-        return self.mask.restore(sequence, wiring.masked_output, start and self.current(start))
+        if start is None and self.form.zeros_past_count:
+            return self.mask.restore_from_node(node.output[Out.Y], index, len(self.layer.passes),
+                                               wiring.masked_output)
+        return self.mask.restore(sequence(), wiring.masked_output, start and self.current(start))
 
     def reversed_in_time(self, sequence: str) -> str:
         """[T, B, H] with the time axis reversed as a whole."""

@@ -11,7 +11,8 @@ from __future__ import annotations
 from .body import BodyView, Skeleton, Term
 from .layer import BodyMatch, CellKind, GateForm, NoMatch, StateRole, require
 
-KIND = CellKind(keras_name="GRU", onnx_op="GRU", scope_hint="gru", state_roles=(StateRole.HIDDEN,))
+KIND = CellKind(keras_name="GRU", onnx_op="GRU", scope_hint="gru", state_roles=(StateRole.HIDDEN,),
+                default_activations=("Sigmoid", "Tanh"))
 
 
 def match(view: BodyView, skeleton: Skeleton) -> BodyMatch:

@@ -47,6 +47,8 @@ class CellKind:
     # element types onnxruntime's CPU kernel of ``onnx_op`` runs (measured on onnxruntime 1.17, 1.26 and 1.31:
     # LSTM, GRU and RNN run float16 and float32, none runs float64)
     element_types: tuple[str, ...] = ("float32", "float16")
+    # the ONNX op's default activations, per direction (a node that uses exactly these may omit them)
+    default_activations: tuple[str, ...] = ()
 
     @property
     def state_count(self) -> int:

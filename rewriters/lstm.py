@@ -9,7 +9,8 @@ from __future__ import annotations
 from .body import BodyView, Skeleton
 from .layer import BodyMatch, CellKind, GateForm, StateRole, require
 
-KIND = CellKind(keras_name="LSTM", onnx_op="LSTM", scope_hint="lstm", state_roles=(StateRole.HIDDEN, StateRole.CELL))
+KIND = CellKind(keras_name="LSTM", onnx_op="LSTM", scope_hint="lstm", state_roles=(StateRole.HIDDEN, StateRole.CELL),
+                default_activations=("Sigmoid", "Tanh", "Tanh"))
 
 
 def match(view: BodyView, skeleton: Skeleton) -> BodyMatch:

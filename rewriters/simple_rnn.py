@@ -8,7 +8,8 @@ from __future__ import annotations
 from .body import BodyView, Skeleton
 from .layer import BodyMatch, CellKind, GateForm, StateRole, require
 
-KIND = CellKind(keras_name="SimpleRNN", onnx_op="RNN", scope_hint="simple_rnn", state_roles=(StateRole.HIDDEN,))
+KIND = CellKind(keras_name="SimpleRNN", onnx_op="RNN", scope_hint="simple_rnn", state_roles=(StateRole.HIDDEN,),
+                default_activations=("Tanh",))
 
 
 def match(view: BodyView, skeleton: Skeleton) -> BodyMatch:

@@ -285,3 +285,18 @@ def test_stock_tf2onnx_masked_lstm_does_not_load_in_tract(downstream_dir):
     onnx.save(proto, path)
     with pytest.raises(tract.TractError, match=r"Unimplemented\(Loop\)"):
         run_tract(path, batch(True))
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.bidirectional and c.kind != "SimpleRNN"], ids=lambda c: c.id)
+def test_openvino_runs_unmasked_bidirectional_nodes_as_its_sequence_kernel(case: Case, downstream_dir):
+    """A node whose activations are ONNX's defaults leaves them out unless it takes sequence_lens:
+    OpenVINO's ONNX frontend turns a bidirectional LSTM/GRU that lists them into TensorIterator loops
+    (several times slower), while its fused kernel, which it otherwise uses, ignores sequence_lens
+    when shapes are dynamic (so masked nodes keep the attribute, and stay exact there)."""
+    entry = converted(case, DEFAULT, downstream_dir)
+    (node,) = helpers.nodes_of_types(entry.proto, helpers.RECURRENT_OPS)
+    names = [a.name for a in node.attribute]
+    assert ("activations" in names) == case.masked, names
+    compiled = openvino.Core().compile_model(entry.path, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    layers = {op.get_rt_info()["layerType"].astype(str) for op in compiled.get_runtime_model().get_ops()}
+    assert ("TensorIterator" in layers) == case.masked, sorted(layers)
