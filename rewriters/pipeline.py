@@ -44,11 +44,18 @@ def _describe(error: Exception) -> str:
 
 @dataclass(frozen=True)
 class LoopId:
-    """Which loop a report row is about: the loop node, its Keras layer and its cell kind."""
+    """Which loop a report row is about: the loop node, its Keras layer and its cell kind; an
+    unrolled layer has no loop (``loop`` names its Unpack) and stays as its ops, not a Loop."""
 
     loop: str
     layer: str
     kind: str
+    unrolled: bool = False
+
+    @property
+    def kept_as(self) -> str:
+        """What the report says it became when it is not fused."""
+        return UNROLLED if self.unrolled else "Loop"
 
 
 def make_rewriter(report: ConversionReport, layer_of: Optional[Callable[[str], Optional[str]]] = None,
@@ -203,19 +210,19 @@ class RecurrentRewriter:
         """Record ``reason`` for a loop node or a pass; when naming the loop fails too, with only
         what its node name tells (the row must not be lost to a second fault)."""
         loop = subject.loop if isinstance(subject, Pass) else subject.unpack if isinstance(subject, Chain) else subject.name
-        became = UNROLLED if isinstance(subject, Chain) or getattr(subject, "unrolled", 0) else "Loop"
+        unrolled = isinstance(subject, Chain) or (isinstance(subject, Pass) and bool(subject.unrolled))
         try:
             self._record_loop(self._chain_id(subject) if isinstance(subject, Chain) else
-                              self._pass_id(subject) if isinstance(subject, Pass) else self._loop_id(subject),
-                              reason, became=became)
+                              self._pass_id(subject) if isinstance(subject, Pass) else self._loop_id(subject), reason)
         except Exception:  # noqa: BLE001 - record it plainly below
             logger.debug("recording %s raised", loop, exc_info=True)
             if loop not in self.recorded:
                 self.recorded.add(loop)
-                layer = self.layer_of(loop) or loop
-                self.report.add(LoopOutcome(loop=loop, layer=layer, kind="unknown", direction="", became=became,
-                                            reason=reason))
-                logger.warning("%s: stays a Loop: %s", layer, reason)
+                plain = LoopId(loop, self.layer_of(loop) or loop, "unknown", unrolled)
+                outcome = LoopOutcome(loop=loop, layer=plain.layer, kind=plain.kind, direction="",
+                                      became=plain.kept_as, reason=reason)
+                self.report.add(outcome)
+                logger.warning("%s: stays %s: %s", plain.layer, _left_as(outcome), reason)
 
     def _loop_id(self, loop) -> LoopId:
         body = loop.get_attr_str("body")
@@ -235,7 +242,8 @@ class RecurrentRewriter:
             return []
 
     def _chain_id(self, chain: Chain) -> LoopId:
-        return LoopId(chain.unpack, self.layer_of(chain.unpack) or layer_name(chain.unpack), _kind_hint(chain.unpack))
+        return LoopId(chain.unpack, self.layer_of(chain.unpack) or layer_name(chain.unpack), _kind_hint(chain.unpack),
+                      unrolled=True)
 
     def _read_chain(self, graph, chain: Chain) -> list:
         """An unrolled layer's pass; none when it stays as its ops (reported when it is recurrent)."""
@@ -244,12 +252,13 @@ class RecurrentRewriter:
             return [chain_pass(graph, chain, reading, self._chain_id(chain).layer)]
         except NoMatch as no_match:
             if is_recurrent(graph, chain) or _kind_hint(chain.unpack) != "unknown":
-                self._record_loop(self._chain_id(chain), no_match.reason, no_match.node, became=UNROLLED)
+                self._record_loop(self._chain_id(chain), no_match.reason, no_match.node)
             return []
 
     @staticmethod
     def _pass_id(one: Pass) -> LoopId:
-        return LoopId(one.loop, one.name, StackMatch.kind_name if one.stacked else one.kind.keras_name)
+        return LoopId(one.loop, one.name, StackMatch.kind_name if one.stacked else one.kind.keras_name,
+                      unrolled=bool(one.unrolled))
 
     def _read_passes(self, graph, loop) -> list:
         """The loop's passes: one, or one per cell of a stack; none when it stays a Loop."""
@@ -279,8 +288,7 @@ class RecurrentRewriter:
             emitted = emit(graph, layer, context)
         except NoMatch as no_match:
             for one in layer.passes:
-                self._record_loop(self._pass_id(one), no_match.reason, no_match.node,
-                                  became=UNROLLED if one.unrolled else "Loop")
+                self._record_loop(self._pass_id(one), no_match.reason, no_match.node)
             return
         if first.stacked:
             self._record_stack_cell(first, emitted)
@@ -313,10 +321,10 @@ class RecurrentRewriter:
             state_inputs=tuple(io.input for _, e in cells for io in e.states),
             state_outputs=tuple(io.output for _, e in cells for io in e.states)))
 
-    def _record_loop(self, loop_id: LoopId, reason: str, where: str = "", became: str = "Loop") -> None:
-        """A loop that stays a Loop (or an unrolled layer that stays as its ops: ``became``), and why."""
+    def _record_loop(self, loop_id: LoopId, reason: str, where: str = "") -> None:
+        """A loop that stays a Loop (an unrolled layer: its ops), and why."""
         self._record(LoopOutcome(loop=loop_id.loop, layer=loop_id.layer, kind=loop_id.kind, direction="",
-                                 became=became, reason=reason, where=where))
+                                 became=loop_id.kept_as, reason=reason, where=where))
 
     def _record(self, outcome: LoopOutcome) -> None:
         if outcome.loop in self.recorded:

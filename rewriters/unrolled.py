@@ -474,6 +474,10 @@ def read_chain(graph, chain: Chain, match_cell: MatchCell) -> ChainReading:
             initial = {slot: maps[0].states.get(t, t) for slot, t in enumerate(template.state_inputs)}
     else:
         initial = dict(enumerate(template.state_inputs))
+    for _, slot in match.states:  # a state starts from zeros or what the model gives, not from the steps
+        start = initial[slot]
+        require(start is None or is_zero(graph, start) or labels.tensor(start) == _NO_STEP,
+                "an initial state depends on the layer's input", start)
 
     y_template = _output_of(match, leaves)
     outputs = tuple(maps[k].tensors.get(y_template) for k in range(length))
@@ -614,14 +618,8 @@ def chain_pass(graph, chain: Chain, reading: ChainReading, name: str) -> Pass:
         mask_wiring = dict(mask=_in_step_order(graph, chain.mask, chain.backward),
                            mask_unreversed=chain.mask if chain.backward else None,
                            mask_source=mask_source(graph, chain.mask), masked_output=match.masking.output)
-    labels = _Labels(graph, chain)
-    given = []
-    for role, slot in match.states:
-        tensor = reading.initial[slot]
-        if tensor is None or is_zero(graph, tensor):
-            continue
-        require(labels.tensor(tensor) == _NO_STEP, "an initial state depends on the layer's input", tensor)
-        given.append((role, tensor))
+    given = [(role, reading.initial[slot]) for role, slot in match.states
+             if reading.initial[slot] is not None and not is_zero(graph, reading.initial[slot])]
     constant = tuple(role for role, tensor in given if is_constant(graph, tensor))
 
     return Pass(loop=chain.unpack, name=name, kind=match.kind, direction=direction,
