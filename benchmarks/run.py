@@ -148,13 +148,13 @@ def stock_convert(model):
     import tensorflow as tf
     import tf2onnx
 
-    from tf2onnx_rnn.api import _ort_max_ir
+    from tf2onnx_rnn.probes import stamp_ir_version
 
     spec = [tf.TensorSpec((None, None, FEATURES), tf.float32, name="x")]
     if len(model.inputs) > 1:
         spec.append(tf.TensorSpec((None, None), tf.bool, name="mask"))
     model_proto, _ = tf2onnx.convert.from_keras(model, input_signature=spec, opset=17)
-    model_proto.ir_version = min(model_proto.ir_version, _ort_max_ir())
+    stamp_ir_version(model_proto)  # an IR version the installed onnxruntime loads
     return model_proto
 
 

@@ -1,7 +1,7 @@
 """Pattern-matching rewriters that turn Keras recurrent while-loops into ONNX LSTM/GRU/RNN nodes.
 
 Installed as ``tf2onnx_rnn.rewriters``. One module per cell family (``lstm``, ``gru``,
-``simple_rnn``), each with a ``KIND`` (a :class:`~.layer.CellKind`: Keras name, ONNX op, scope
+``simple_rnn``), each with a ``KIND`` (a :class:`~.description.CellKind`: Keras name, ONNX op, scope
 hint, state roles) and a ``match(view, skeleton)`` function. :func:`cell_matchers` finds them:
 a new cell kind is a new module here, and nothing else changes.
 """
@@ -17,7 +17,7 @@ __all__ = ["cell_matchers", "cell_kinds"]
 @functools.lru_cache(maxsize=None)
 def cell_matchers() -> tuple:
     """The cell modules of this package (each defines ``KIND`` and ``match``), by module name."""
-    from .layer import CellKind
+    from .description import CellKind
 
     found = []
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda info: info.name):
@@ -28,5 +28,5 @@ def cell_matchers() -> tuple:
 
 
 def cell_kinds() -> tuple:
-    """Every cell family's :class:`~.layer.CellKind`."""
+    """Every cell family's :class:`~.description.CellKind`."""
     return tuple(module.KIND for module in cell_matchers())

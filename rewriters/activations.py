@@ -16,7 +16,7 @@ from typing import Callable
 import numpy as np
 
 from .evaluate import NotEvaluable
-from .layer import Activation, NoMatch
+from .description import Activation, NoMatch
 
 _PROBES = np.concatenate([
     np.linspace(-12.0, 12.0, 2401),

@@ -1,9 +1,8 @@
-"""Reading a Keras while-loop body: its loop slots and the affine forms of its gates.
+"""Reading a recurrent cell's ops: the view the cell matchers describe a cell through.
 
-Every recurrent body Keras builds (Keras 3 and tf_keras alike) has the same skeleton:
-a time index ``t`` that steps by one, ``x_t = TensorListGetItem(inputs, t)``, the cell,
-and ``TensorListSetItem(outputs, t or 0, h_t)``. :func:`read_skeleton` finds that skeleton,
-and the helpers below let a cell matcher describe what the cell computes:
+A :class:`BodyView` looks at a loop body (its skeleton is :mod:`.skeleton`'s) or, through the
+unrolled reader's ``StepView``, at one step of an unrolled chain, and lets a matcher describe
+what the cell computes:
 
 - :meth:`BodyView.activation_chain` walks back from a gate value through element-wise ops
   to its pre-activation;
@@ -13,7 +12,7 @@ and the helpers below let a cell matcher describe what the cell computes:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import numpy as np
@@ -21,33 +20,9 @@ from onnx import TensorProto, helper
 
 from .activations import identify, tolerance_for
 from .evaluate import ELEMENTWISE_OPS, NotEvaluable, evaluate
-from .layer import Activation, MaskedOutput, Masking, NoMatch, WeightSource, require
+from .description import Activation, NoMatch, WeightSource, require
 
 _SUM_OPS = frozenset({"AddV2", "Add", "BiasAdd"})
-
-
-@dataclass(frozen=True)
-class Skeleton:
-    """The loop slots of a recurrent body (slot = position in the loop's variables)."""
-
-    time_slot: int
-    input_slot: int
-    output_slot: int
-    output_every_step: bool
-    mask_slot: Optional[int]
-    x_t: str
-    mask_t: Optional[str]
-    y_t: str  # the value written to the output list each step
-    state_inputs: dict  # slot -> body input tensor, for slots the cell updates
-    state_outputs: dict  # slot -> the tensor the body returns for that slot
-    constant_slots: frozenset  # slots passed through unchanged
-
-    def single_state(self, cell: str) -> tuple[int, str]:
-        """(slot, previous value) of a cell whose one state is also its output (GRU, simple RNN)."""
-        require(len(self.state_inputs) == 1, f"a {cell} carries 1 state, this loop carries {len(self.state_inputs)}")
-        ((slot, previous),) = self.state_inputs.items()
-        require(self.state_outputs[slot] == self.y_t, "the loop's state is not its per-step output")
-        return slot, previous
 
 
 @dataclass(frozen=True)
@@ -438,119 +413,3 @@ def _bias_row(source: WeightSource, where: str) -> WeightSource:
 def _transposed(source: WeightSource) -> WeightSource:
     return lambda values: np.asarray(source(values)).T
 
-
-def read_skeleton(view: BodyView) -> Skeleton:
-    """Find the time index, the input/output lists and the states of a recurrent body."""
-    graph = view.graph
-    reads = [n for n in graph.get_nodes() if n.type == "TensorListGetItem"]
-    writes = [n for n in graph.get_nodes() if n.type == "TensorListSetItem"]
-    require(reads, "the loop reads no TensorList: not a recurrent layer loop")
-    require(len(writes) == 1, f"the loop writes {len(writes)} TensorLists, a recurrent layer writes one")
-    write = writes[0]
-
-    index_tensors = {view.resolve(n.input[1]) for n in reads}
-    require(len(index_tensors) == 1, "the loop reads its TensorLists at different indices", reads[0].name)
-    time_input = index_tensors.pop()
-    time_slot = view.slot_of(time_input)
-    require(time_slot is not None, "the read index is not a loop variable", reads[0].name)
-    step = view.producer(view.outputs[time_slot])
-    require(step is not None and step.type in ("AddV2", "Add")
-            and time_input in view.operands(step)
-            and any(view.scalar(t) == 1 for t in view.operands(step)),
-            "the read index does not advance by one each step", reads[0].name)
-
-    values, masks = [], []
-    for read in reads:
-        slot = view.slot_of(read.input[0])
-        require(slot is not None, "a TensorList read comes from inside the loop", read.name)
-        dtype = graph.get_dtype(read.output[0])
-        (masks if dtype == TensorProto.BOOL else values).append((slot, read.output[0]))  # a bool list is the mask
-    require(len(values) == 1, f"the loop reads {len(values)} float sequences, a recurrent layer reads one")
-    require(len(masks) <= 1, "the loop reads more than one mask")
-    input_slot, x_t = values[0]
-    mask_slot, mask_t = masks[0] if masks else (None, None)
-
-    output_slot = view.slot_of(write.input[0])
-    require(output_slot is not None, "the written TensorList is not a loop variable", write.name)
-    require(view.resolve(view.outputs[output_slot]) == write.output[0],
-            "the written TensorList is not what the loop carries on", write.name)
-    write_index = view.resolve(write.input[1])
-    if write_index == time_input:
-        every_step = True
-    else:
-        require(view.scalar(write_index) == 0, "the output is written at an index other than t or 0",
-                write.name)
-        every_step = False
-
-    constant, state_inputs, state_outputs = set(), {}, {}
-    for slot, (inp, out) in enumerate(zip(view.inputs, view.outputs)):
-        if view.resolve(out) == inp:
-            constant.add(slot)
-        elif slot not in (time_slot, output_slot) and not _is_counter(view, slot):
-            state_inputs[slot] = inp
-            state_outputs[slot] = view.resolve(out)
-    return Skeleton(time_slot=time_slot, input_slot=input_slot, output_slot=output_slot,
-                    output_every_step=every_step, mask_slot=mask_slot, x_t=x_t, mask_t=mask_t,
-                    y_t=view.resolve(write.input[2]), state_inputs=state_inputs,
-                    state_outputs=state_outputs, constant_slots=frozenset(constant))
-
-
-def _is_counter(view: BodyView, slot: int) -> bool:
-    """A loop variable that only counts iterations: its next value is itself plus one."""
-    step = view.producer(view.outputs[slot])
-    return (step is not None and step.type in ("AddV2", "Add")
-            and view.inputs[slot] in view.operands(step)
-            and any(view.scalar(t) == 1 for t in view.operands(step))
-            and all(c.type in ("AddV2", "Add", "Less", "Identity", "LogicalAnd")
-                    for c in view.consumers(view.inputs[slot])))
-
-
-_MASK_BROADCASTS = frozenset({"Tile", "ExpandDims", "Reshape", "Cast", "Identity", "BroadcastTo"})
-
-
-def unmask(view: BodyView, skeleton: Skeleton) -> tuple[Skeleton, Masking]:
-    """Read how a masked body treats masked steps and return the skeleton without the masking.
-
-    Keras writes every masked update as ``SelectV2(mask_t, new, old)``: a state keeps its old
-    value, and the output takes the previous output (a loop variable of its own) or zeros.
-    The skeleton returned has the unmasked updates as state outputs and ``new`` as the
-    per-step output, so the cell matchers read a masked body like an unmasked one.
-    """
-    updates = {}
-    for slot, out in skeleton.state_outputs.items():
-        node = view.producer(out)
-        require(node is not None and node.type in ("SelectV2", "Select"),
-                "a state of the masked loop is not updated through the mask", out)
-        condition, new, old = view.operands(node)
-        require(_mask_root(view, condition) == skeleton.mask_t,
-                "a state is selected by something other than the step's mask", node.name)
-        updates[slot] = (new, old)
-
-    holders = [slot for slot, out in skeleton.state_outputs.items() if out == skeleton.y_t]
-    require(len(holders) == 1, "no loop variable holds the masked output", skeleton.y_t)
-    output_slot = holders[0]
-    new_output, old_output = updates.pop(output_slot)
-    zeros_slot = view.slot_of(old_output)
-    if old_output == skeleton.state_inputs[output_slot]:
-        mode, zeros_slot = MaskedOutput.CARRY, None
-    else:
-        require(zeros_slot in skeleton.constant_slots,
-                "a masked step's output is neither the previous output nor a constant", skeleton.y_t)
-        mode = MaskedOutput.ZERO
-    for slot, (new, old) in updates.items():
-        require(old == skeleton.state_inputs[slot], "a masked step changes a state", new)
-
-    unmasked = replace(skeleton, y_t=new_output,
-                       state_inputs={s: t for s, t in skeleton.state_inputs.items() if s != output_slot},
-                       state_outputs={s: updates[s][0] for s in updates})
-    return unmasked, Masking(mask_slot=skeleton.mask_slot, output=mode, output_slot=output_slot,
-                             zeros_slot=zeros_slot)
-
-
-def _mask_root(view: BodyView, tensor: str) -> str:
-    """Follow broadcasts and casts of a mask back to the tensor read from the mask list."""
-    node = view.producer(tensor)
-    while node is not None and node.type in _MASK_BROADCASTS:
-        tensor = view.resolve(node.input[0])
-        node = view.producer(tensor)
-    return view.resolve(tensor)

@@ -8,11 +8,32 @@ Keras's gate order z, r, h is ONNX's; the activations are (f, g) = (ra, a).
 """
 from __future__ import annotations
 
-from .body import BodyView, Skeleton, Term
-from .layer import BodyMatch, CellKind, GateForm, NoMatch, StateRole, require
+import numpy as np
+
+from .body import BodyView, Term
+from .description import BodyMatch, CellKind, GateForm, NoMatch, StateRole, require
+from .equations import gate_terms
+from .skeleton import Skeleton
+
+
+def step(x, states: dict, weights: dict, activations, attributes: dict) -> dict:
+    """ONNX's GRU step: gates z, r, h; activations f, g; ``linear_before_reset`` chooses where the
+    reset gate applies."""
+    f, g = activations
+    h = states[StateRole.HIDDEN]
+    inputs, recurrents = gate_terms(x, h, weights, 3)
+    z, r = f(inputs[0] + recurrents[0]), f(inputs[1] + recurrents[1])
+    if attributes.get("linear_before_reset", 0):
+        candidate = g(inputs[2] + r * recurrents[2])
+    else:
+        hidden = h.shape[-1]
+        R_h, Rb_h = weights["R"][2 * hidden:], np.split(weights["B"], 2)[1][2 * hidden:]
+        candidate = g(inputs[2] + (r * h) @ R_h.T + Rb_h)
+    return {StateRole.HIDDEN: (1 - z) * candidate + z * h}
+
 
 KIND = CellKind(keras_name="GRU", onnx_op="GRU", scope_hint="gru", state_roles=(StateRole.HIDDEN,),
-                default_activations=("Sigmoid", "Tanh"))
+                default_activations=("Sigmoid", "Tanh"), step=step, tf2onnx_contexts=("gru_rewriter_context",))
 
 
 def match(view: BodyView, skeleton: Skeleton) -> BodyMatch:

@@ -6,11 +6,23 @@ i, o, f, c and its activations are (f, g, h) = (ra, a, a).
 """
 from __future__ import annotations
 
-from .body import BodyView, Skeleton
-from .layer import BodyMatch, CellKind, GateForm, StateRole, require
+from .body import BodyView
+from .description import BodyMatch, CellKind, GateForm, StateRole, require
+from .equations import gate_terms
+from .skeleton import Skeleton
+
+
+def step(x, states: dict, weights: dict, activations, attributes: dict) -> dict:
+    """ONNX's LSTM step: gates i, o, f, c; activations f, g, h."""
+    f, g, h = activations
+    i, o, forget, c = (a + b for a, b in zip(*gate_terms(x, states[StateRole.HIDDEN], weights, 4)))
+    cell = f(forget) * states[StateRole.CELL] + f(i) * g(c)
+    return {StateRole.HIDDEN: f(o) * h(cell), StateRole.CELL: cell}
+
 
 KIND = CellKind(keras_name="LSTM", onnx_op="LSTM", scope_hint="lstm", state_roles=(StateRole.HIDDEN, StateRole.CELL),
-                default_activations=("Sigmoid", "Tanh", "Tanh"))
+                default_activations=("Sigmoid", "Tanh", "Tanh"), step=step,
+                tf2onnx_contexts=("lstm_rewriter_context",))
 
 
 def match(view: BodyView, skeleton: Skeleton) -> BodyMatch:

@@ -14,84 +14,64 @@ report would never hear of the loops it concerns.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Callable, Optional, Sequence, Union
 
-from ..report import UNROLLED, ConversionReport, LoopOutcome
 from . import cell_kinds, cell_matchers
-from .adapt import build_pass, layer_name, plan_nodes
-from .body import BodyView, read_skeleton, unmask
+from .adapt import build_pass
+from .body import BodyView
 from .bool_masks import exact_selects, integer_any, select_bool_products
-from .emitter import MODEL_STATES, EmitContext, StreamedStates, emit
-from .layer import BodyMatch, NodeDirection, NoMatch, Pass, StackMatch, require
+from .chains import Chain, find_chains, is_recurrent
+from .description import BodyMatch, NoMatch, Pass, StackMatch
+from .emitter import EmitContext, emit
+from .mask_forms import Masks, select_masks
+from .outcome import WHILE_OPS, Findings
+from .plan import plan_nodes
+from .rows import LoopId, Rows, kind_hint, scope_name
+from .skeleton import read_skeleton, unmask
 from .stacked import match_stack, stack_passes
-from .unrolled import Chain, chain_pass, find_chains, is_recurrent, read_chain
+from .states import MODEL_STATES, StateWiring, select_states
+from .unrolled import chain_pass, read_chain
 
 logger = logging.getLogger("tf2onnx_rnn")
-
-_LOOP_TYPES = ("While", "StatelessWhile")
-
-
-def _kind_hint(name: str) -> str:
-    """The Keras layer kind a scope name suggests, for loops no matcher took."""
-    lowered = name.lower()
-    return next((kind.keras_name for kind in cell_kinds() if kind.scope_hint in lowered), "unknown")
-
 
 def _describe(error: Exception) -> str:
     return f"{type(error).__name__}: {error}"
 
 
-@dataclass(frozen=True)
-class LoopId:
-    """Which loop a report row is about: the loop node, its Keras layer and its cell kind; an
-    unrolled layer has no loop (``loop`` names its Unpack) and stays as its ops, not a Loop."""
-
-    loop: str
-    layer: str
-    kind: str
-    unrolled: bool = False
-
-    @property
-    def kept_as(self) -> str:
-        """What the report says it became when it is not fused."""
-        return UNROLLED if self.unrolled else "Loop"
-
-
-def make_rewriter(report: ConversionReport, layer_of: Optional[Callable[[str], Optional[str]]] = None,
-                  assume_post_padded: bool = False, streaming: bool = False,
-                  portable: bool = False) -> Optional["RecurrentRewriter"]:
-    """The rewriter for one conversion, or None when it cannot even be built (an internal error,
-    noted in ``report.setup_error`` so that every recurrent loop's row can say so).
-    ``portable``: masked layers without a computed ``sequence_lens`` where that is exact."""
+def make_rewriter(findings: Findings, layer_of: Optional[Callable[[str], Optional[str]]] = None, *,
+                  portable: bool = False, post_padded: bool = False,
+                  streaming: bool = False) -> Optional["RecurrentRewriter"]:
+    """The rewriter for one conversion, with its variants chosen once: how masked layers are emitted
+    (:func:`.mask_forms.select_masks` from ``portable`` and ``post_padded``) and how states meet the
+    model (:func:`.states.select_states` from ``streaming``). None when it cannot even be built (an
+    internal error, noted in ``findings.setup_error`` so that every recurrent loop's row can say so)."""
     try:
-        return RecurrentRewriter(report, layer_of, assume_post_padded, streaming, portable)
+        return RecurrentRewriter(Rows(findings), layer_of, select_masks(portable, post_padded),
+                                 select_states(streaming))
     except Exception as error:  # noqa: BLE001 - the conversion goes on without fusing
-        report.setup_error = f"internal error while setting up the rewriter: {_describe(error)}"
-        logger.warning("recurrent layers stay Loops: %s", report.setup_error, exc_info=True)
+        findings.setup_error = f"internal error while setting up the rewriter: {_describe(error)}"
+        logger.warning("recurrent layers stay Loops: %s", findings.setup_error, exc_info=True)
         return None
 
 
 class RecurrentRewriter:
-    """One conversion's rewriter: its body matches and the report it fills."""
+    """One conversion's rewriter: its body matches and the rows it records."""
 
-    def __init__(self, report: ConversionReport, layer_of: Optional[Callable[[str], Optional[str]]] = None,
-                 assume_post_padded: bool = False, streaming: bool = False, portable: bool = False):
-        self.report = report
-        self.portable = portable
-        self.assume_post_padded = assume_post_padded
-        self.states = StreamedStates() if streaming else MODEL_STATES  # how states meet the model
+    def __init__(self, rows: Rows, layer_of: Optional[Callable[[str], Optional[str]]] = None,
+                 masks: Masks = Masks(), states: StateWiring = MODEL_STATES):
+        self.findings = rows.findings
+        self.rows = rows
+        self.masks, self.states = masks, states
         self.layer_of = layer_of or (lambda loop: None)
         # body name -> its match, why none matched, or (a str) the internal error that stopped matching
-        self.bodies: dict[str, Union[BodyMatch, NoMatch, str]] = {}
-        self.recorded: set = set()
-        self.stack_cells: dict = {}  # loop -> (pass, Emitted) of a stack's cells emitted so far
+        self.bodies: dict[str, Union[BodyMatch, StackMatch, NoMatch, str]] = {}
 
     def __call__(self, graph, ops):
         try:
             if any(op.type == "TensorListGetItem" for op in ops):
                 self._read_body(graph)
-            loops = [op for op in ops if op.type in _LOOP_TYPES]
+            loops = [op for op in ops if op.type in WHILE_OPS]
             chains = []
             if any(op.type == "Unpack" for op in ops):  # unroll=True layers: chains of steps, no loop
                 chains = self._find_chains(graph)
@@ -116,10 +96,9 @@ class RecurrentRewriter:
             logger.debug("matching %s raised", name, exc_info=True)
             entry = f"internal error while matching: {_describe(error)}"  # a plain reason: nothing more can fail
         self.bodies[name] = entry
-        if isinstance(entry, (BodyMatch, StackMatch)):
-            # the loop is ours: keep tf2onnx's own LSTM/GRU rewriters off it
-            graph.lstm_rewriter_context = None
-            graph.gru_rewriter_context = None
+        if isinstance(entry, (BodyMatch, StackMatch)):  # the loop is ours: keep tf2onnx's own rewriters off it
+            for context in {context for kind in cell_kinds() for context in kind.tf2onnx_contexts}:
+                setattr(graph, context, None)
 
     def _match_body(self, graph) -> Union[BodyMatch, StackMatch, NoMatch]:
         try:
@@ -168,7 +147,7 @@ class RecurrentRewriter:
                                 f"(in the {matcher.KIND.keras_name} matcher)", "", True))
         # report first a matcher whose state count fits; among those, one that failed by a fault of
         # ours (it may be why the loop stays: the report must say so), then the kind the scope names
-        hint = _kind_hint(view.graph.graph_name + " " + skeleton.y_t)
+        hint = kind_hint(view.graph.graph_name + " " + skeleton.y_t)
         reasons.sort(key=lambda item: (item[0].state_count != carried, not item[3], item[0].keras_name != hint))
         _, reason, node, _ = reasons[0]
         raise NoMatch(reason, node)
@@ -181,16 +160,17 @@ class RecurrentRewriter:
         for chain in chains:
             passes.extend(self._guarded("reading the unrolled layer", [chain],
                                         lambda: self._read_chain(graph, chain)) or [])
-        layers = self._guarded("pairing directions", [], lambda: plan_nodes(graph, passes, self.assume_post_padded))
+        layers = self._guarded("pairing directions", [], lambda: plan_nodes(graph, passes, self.masks))
         if layers is None:  # pairing is an optimisation: without it every pass is its own node
-            layers = [layer for one in passes for layer in self._guarded(
-                "planning the node", [one], lambda one=one: plan_nodes(graph, [one], self.assume_post_padded)) or []]
-        context = EmitContext(assume_post_padded=self.assume_post_padded, states=self.states, portable=self.portable)
+            layers = [layer for pass_ in passes for layer in self._guarded(
+                "planning the node", [pass_], lambda pass_=pass_: plan_nodes(graph, [pass_], self.masks)) or []]
+        context = EmitContext(masks=self.masks, states=self.states)
         for layer in layers:
             self._guarded("emitting", layer.passes, lambda layer=layer: self._emit(graph, layer, context))
 
     def _guarded(self, stage: str, subjects: Sequence, work: Callable):
-        """``work()``, or None after recording a fault of ours for ``subjects`` (loop nodes or passes).
+        """``work()``, or None after recording a fault of ours for ``subjects`` (loop nodes, chains or
+        passes).
 
         Everything that can fail for a loop runs in here, its report row included: a fault
         stays with the loops it concerns, and the other loops of the graph go on.
@@ -207,43 +187,44 @@ class RecurrentRewriter:
             return None
 
     def _record_fault(self, subject, reason: str) -> None:
-        """Record ``reason`` for a loop node or a pass; when naming the loop fails too, with only
-        what its node name tells (the row must not be lost to a second fault)."""
-        loop = subject.loop if isinstance(subject, Pass) else subject.unpack if isinstance(subject, Chain) else subject.name
-        unrolled = isinstance(subject, Chain) or (isinstance(subject, Pass) and bool(subject.unrolled))
+        """Record ``reason`` for a loop node, a chain or a pass; when naming the loop fails too, with
+        only what its node name tells."""
         try:
-            self._record_loop(self._chain_id(subject) if isinstance(subject, Chain) else
-                              self._pass_id(subject) if isinstance(subject, Pass) else self._loop_id(subject), reason)
+            self.rows.kept(self._id_of(subject), reason)
         except Exception:  # noqa: BLE001 - record it plainly below
+            loop = subject.loop if isinstance(subject, Pass) else subject.unpack if isinstance(subject, Chain) \
+                else subject.name
             logger.debug("recording %s raised", loop, exc_info=True)
-            if loop not in self.recorded:
-                self.recorded.add(loop)
-                plain = LoopId(loop, self.layer_of(loop) or loop, "unknown", unrolled)
-                outcome = LoopOutcome(loop=loop, layer=plain.layer, kind=plain.kind, direction="",
-                                      became=plain.kept_as, reason=reason)
-                self.report.add(outcome)
-                logger.warning("%s: stays %s: %s", plain.layer, _left_as(outcome), reason)
+            unrolled = isinstance(subject, Chain) or (isinstance(subject, Pass) and bool(subject.unrolled))
+            self.rows.plain(loop, self.layer_of(loop) or loop, unrolled, reason)
+
+    def _id_of(self, subject) -> LoopId:
+        if isinstance(subject, Pass):
+            return LoopId.of_pass(subject)
+        if isinstance(subject, Chain):
+            return self._chain_id(subject)
+        return self._loop_id(subject)
 
     def _loop_id(self, loop) -> LoopId:
         body = loop.get_attr_str("body")
         entry = self.bodies.get(body)
         kind = (entry.kind.keras_name if isinstance(entry, BodyMatch) else
-                entry.kind_name if isinstance(entry, StackMatch) else _kind_hint(loop.name + " " + body))
-        return LoopId(loop.name, self.layer_of(loop.name) or layer_name(loop.name), kind)
+                entry.kind_name if isinstance(entry, StackMatch) else kind_hint(loop.name + " " + body))
+        return LoopId(loop.name, self.layer_of(loop.name) or scope_name(loop.name), kind)
+
+    def _chain_id(self, chain: Chain) -> LoopId:
+        return LoopId(chain.unpack, self.layer_of(chain.unpack) or scope_name(chain.unpack), kind_hint(chain.unpack),
+                      unrolled=True)
 
     def _find_chains(self, graph) -> list:
-        """The graph's candidate unrolled layers; none after a fault of ours, which the report keeps
+        """The graph's candidate unrolled layers; none after a fault of ours, which the findings keep
         (reconciliation then lists the graph's unrolled layers with it)."""
         try:
             return find_chains(graph)
         except Exception as error:  # noqa: BLE001 - the layers stay as their ops, exact
-            self.report.unrolled_error = f"internal error while finding unrolled layers: {_describe(error)}"
-            logger.warning("recurrent rewriter: %s", self.report.unrolled_error, exc_info=True)
+            self.findings.unrolled_error = f"internal error while finding unrolled layers: {_describe(error)}"
+            logger.warning("recurrent rewriter: %s", self.findings.unrolled_error, exc_info=True)
             return []
-
-    def _chain_id(self, chain: Chain) -> LoopId:
-        return LoopId(chain.unpack, self.layer_of(chain.unpack) or layer_name(chain.unpack), _kind_hint(chain.unpack),
-                      unrolled=True)
 
     def _read_chain(self, graph, chain: Chain) -> list:
         """An unrolled layer's pass; none when it stays as its ops (reported when it is recurrent)."""
@@ -251,14 +232,9 @@ class RecurrentRewriter:
             reading = read_chain(graph, chain, self._match_cells)
             return [chain_pass(graph, chain, reading, self._chain_id(chain).layer)]
         except NoMatch as no_match:
-            if is_recurrent(graph, chain) or _kind_hint(chain.unpack) != "unknown":
-                self._record_loop(self._chain_id(chain), no_match.reason, no_match.node)
+            if is_recurrent(graph, chain) or kind_hint(chain.unpack) != "unknown":
+                self.rows.kept(self._chain_id(chain), no_match.reason, no_match.node)
             return []
-
-    @staticmethod
-    def _pass_id(one: Pass) -> LoopId:
-        return LoopId(one.loop, one.name, StackMatch.kind_name if one.stacked else one.kind.keras_name,
-                      unrolled=bool(one.unrolled))
 
     def _read_passes(self, graph, loop) -> list:
         """The loop's passes: one, or one per cell of a stack; none when it stays a Loop."""
@@ -267,85 +243,30 @@ class RecurrentRewriter:
             return []  # a body with no TensorList reads: not a recurrent layer, nothing to report
         loop_id = self._loop_id(loop)
         if isinstance(entry, str):
-            self._record_loop(loop_id, entry)
+            self.rows.kept(loop_id, entry)
             return []
         if isinstance(entry, NoMatch):
-            self._record_loop(loop_id, entry.reason, entry.node)
+            self.rows.kept(loop_id, entry.reason, entry.node)
             return []
         try:
             if isinstance(entry, StackMatch):
                 return stack_passes(graph, loop, entry, loop_id.layer)
             return [build_pass(graph, loop, entry, loop_id.layer)]
         except NoMatch as no_match:
-            self._record_loop(loop_id, no_match.reason, no_match.node)
+            self.rows.kept(loop_id, no_match.reason, no_match.node)
         return []
 
     def _emit(self, graph, layer, context: EmitContext) -> None:
         first = layer.first
-        if first.stacked and first.stack[0] > 0 and first.loop in self.recorded:
+        if first.stacked and first.stack[0] > 0 and first.loop in self.rows.recorded:
             return  # a cell below stayed in the Loop: the cells above read it there
         try:
             emitted = emit(graph, layer, context)
         except NoMatch as no_match:
-            for one in layer.passes:
-                self._record_loop(self._pass_id(one), no_match.reason, no_match.node)
+            for pass_ in layer.passes:
+                self.rows.kept(LoopId.of_pass(pass_), no_match.reason, no_match.node)
             return
         if first.stacked:
-            self._record_stack_cell(first, emitted)
-            return
-        split = len(emitted.nodes) == len(layer.passes) > 1  # one node per direction (the portable form)
-        for index, one in enumerate(layer.passes):
-            self._record(LoopOutcome(loop=one.loop, layer=one.name, kind=one.kind.keras_name,
-                                     direction=one.direction.value, became=one.kind.onnx_op,
-                                     node=emitted.nodes[index] if split else emitted.node,
-                                     node_direction=NodeDirection.FORWARD.value if split else layer.direction.value,
-                                     activations=", ".join(str(a) for a in one.activations),
-                                     mask=_mask_text(one, emitted.mask_form),
-                                     state_inputs=tuple(io.input for io in emitted.states),
-                                     state_outputs=tuple(io.output for io in emitted.states),
-                                     unrolled=one.unrolled))
-
-    def _record_stack_cell(self, one: Pass, emitted) -> None:
-        """Collect a stack's emitted cells; the top one's completes the loop's row."""
-        cells = self.stack_cells.setdefault(one.loop, [])
-        cells.append((one, emitted))
-        if one.stack[0] < one.stack[1] - 1:
-            return
-        del self.stack_cells[one.loop]
-        self._record(LoopOutcome(
-            loop=one.loop, layer=one.name, kind=StackMatch.kind_name, direction=cells[0][0].direction.value,
-            became=one.kind.onnx_op, node=emitted.node, node_direction=cells[0][0].direction.value,
-            activations="cells: " + " -> ".join(f"{cell.kind.keras_name} [{', '.join(str(a) for a in cell.activations)}]"
-                                               for cell, _ in cells),
-            cell_nodes=tuple(e.node for _, e in cells[:-1]),
-            state_inputs=tuple(io.input for _, e in cells for io in e.states),
-            state_outputs=tuple(io.output for _, e in cells for io in e.states)))
-
-    def _record_loop(self, loop_id: LoopId, reason: str, where: str = "") -> None:
-        """A loop that stays a Loop (an unrolled layer: its ops), and why."""
-        self._record(LoopOutcome(loop=loop_id.loop, layer=loop_id.layer, kind=loop_id.kind, direction="",
-                                 became=loop_id.kept_as, reason=reason, where=where))
-
-    def _record(self, outcome: LoopOutcome) -> None:
-        if outcome.loop in self.recorded:
-            return  # a later stage's fault does not overwrite what an earlier stage recorded
-        self.recorded.add(outcome.loop)
-        self.report.add(outcome)
-        if outcome.fused:
-            logger.info("%s: %s %s -> ONNX %s", outcome.layer, outcome.kind, outcome.direction, outcome.became)
-        elif outcome.reason.startswith("internal error"):
-            logger.warning("%s: stays %s: %s", outcome.layer, _left_as(outcome), outcome.reason)
+            self.rows.stack_cell(first, emitted)
         else:
-            logger.info("%s: stays %s: %s", outcome.layer, _left_as(outcome), outcome.reason)
-
-
-def _left_as(outcome: LoopOutcome) -> str:
-    return "unrolled ops" if outcome.became == UNROLLED else "a Loop"
-
-
-def _mask_text(one: Pass, form: str) -> str:
-    """How a masked pass was emitted, for the report."""
-    wiring = one.wiring
-    if wiring.mask is None:
-        return ""
-    return f"{wiring.mask_source}; {form}; masked steps {wiring.masked_output.value}"
+            self.rows.fused(layer, emitted)

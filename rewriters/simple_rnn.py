@@ -5,11 +5,21 @@ activation f = a.
 """
 from __future__ import annotations
 
-from .body import BodyView, Skeleton
-from .layer import BodyMatch, CellKind, GateForm, StateRole, require
+from .body import BodyView
+from .description import BodyMatch, CellKind, GateForm, StateRole, require
+from .equations import gate_terms
+from .skeleton import Skeleton
+
+
+def step(x, states: dict, weights: dict, activations, attributes: dict) -> dict:
+    """ONNX's RNN step: one gate, activation f."""
+    (f,) = activations
+    ((inputs,), (recurrent,)) = gate_terms(x, states[StateRole.HIDDEN], weights, 1)
+    return {StateRole.HIDDEN: f(inputs + recurrent)}
+
 
 KIND = CellKind(keras_name="SimpleRNN", onnx_op="RNN", scope_hint="simple_rnn", state_roles=(StateRole.HIDDEN,),
-                default_activations=("Tanh",))
+                default_activations=("Tanh",), step=step)
 
 
 def match(view: BodyView, skeleton: Skeleton) -> BodyMatch:

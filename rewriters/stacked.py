@@ -1,4 +1,4 @@
-"""Readers for ``RNN(StackedRNNCells([...]))``: one loop that steps several cells in turn.
+"""Readers for a recurrent layer over ``StackedRNNCells([...])``: one loop that steps several cells in turn.
 
 A second reader beside the one-cell matchers: on the body it finds the cells bottom up (each a
 group of the loop's states that one cell matcher reads, fed by the cell below), and on the loop
@@ -12,9 +12,11 @@ import itertools
 from dataclasses import replace
 from typing import Callable
 
+from . import cell_kinds
 from .adapt import build_pass
-from .body import BodyView, Skeleton
-from .layer import BodyMatch, Direction, NoMatch, StackMatch, require
+from .body import BodyView
+from .description import BodyMatch, Direction, NoMatch, StackMatch, StateRole, require
+from .skeleton import Skeleton
 
 MatchOne = Callable[[BodyView, Skeleton], BodyMatch]
 
@@ -30,15 +32,16 @@ def match_stack(view: BodyView, skeleton: Skeleton, match_one: MatchOne) -> Stac
         cells.append(cell)
         for _, slot in cell.states:
             del remaining[slot]
-        x_t = skeleton.state_outputs[cell.states[0][1]]  # the cell's output is its hidden state
+        x_t = skeleton.state_outputs[dict(cell.states)[StateRole.HIDDEN]]  # a cell outputs its hidden state
     require(len(cells) > 1, "one cell: not a stack")
     require(x_t == skeleton.y_t, "the top cell's output is not the loop's output", skeleton.y_t)
     return StackMatch(tuple(cells))
 
 
 def _next_cell(view: BodyView, skeleton: Skeleton, remaining: dict, x_t: str, match_one: MatchOne):
-    """The first group of 1 or 2 remaining states one cell matcher reads as a cell over ``x_t``."""
-    for size in (1, 2):
+    """The first group of remaining states (as many as some cell family carries) one cell matcher reads
+    as a cell over ``x_t``."""
+    for size in sorted({kind.state_count for kind in cell_kinds()}):
         for group in itertools.combinations(sorted(remaining), size):
             for output_slot in group:
                 sub = replace(skeleton, x_t=x_t, y_t=skeleton.state_outputs[output_slot],
@@ -64,13 +67,13 @@ def stack_passes(graph, loop, stack: StackMatch, name: str) -> list:
         top = index == count - 1
         own = {slot for _, slot in cell.states}
         others = frozenset(state_slots - own) | (frozenset() if top else {output_slot})
-        one = build_pass(graph, loop, cell, name, others)
-        wiring = one.wiring
+        pass_ = build_pass(graph, loop, cell, name, others)
+        wiring = pass_.wiring
         if below is not None:  # the cell below's output and the mask, both in step order
             wiring = replace(wiring, x=below, x_unreversed=None, mask_unreversed=None)
         below = None if top else f"{loop.name}/stacked_cell_{index}_sequence"
         if below is not None:
             wiring = replace(wiring, sequence_output=(below,))
-        passes.append(replace(one, wiring=wiring, stack=(index, count),
-                              direction=one.direction if index == 0 else Direction.FORWARD))
+        passes.append(replace(pass_, wiring=wiring, stack=(index, count),
+                              direction=pass_.direction if index == 0 else Direction.FORWARD))
     return passes

@@ -55,11 +55,11 @@ def _every_conversion_is_checked_and_runs():
     on the written file there."""
     import onnx
 
-    from tf2onnx_rnn import api
+    from tf2onnx_rnn import api, probes
     from tf2onnx_rnn.inputs import random_inputs
     from tf2onnx_rnn.verify import onnx_input_specs
 
-    convert = api._convert
+    convert = api.convert
 
     def checked_convert(source, options):
         conversion = convert(source, options)
@@ -67,11 +67,11 @@ def _every_conversion_is_checked_and_runs():
         if not options.continue_on_error:
             onnx.checker.check_model(model_proto, full_check=True)
             onnx.shape_inference.infer_shapes(model_proto, check_type=True, strict_mode=True)
-            session = api._session(model_proto)
+            session = probes.session(model_proto)
             specs = onnx_input_specs(model_proto)
             session.run(None, {name: array for (name, _, _), array in zip(specs, random_inputs(specs, seed=1))})
         return conversion
 
-    api._convert = checked_convert
+    api.convert = checked_convert
     yield
-    api._convert = convert
+    api.convert = convert

@@ -53,15 +53,11 @@ def _graph(model: GraphLike) -> onnx.GraphProto:
 
 def all_nodes(model: GraphLike) -> Iterator[onnx.NodeProto]:
     """Every node of a model or graph and of its subgraphs (GRAPH and GRAPHS attributes: Loop and
-    Scan bodies, If branches), recursively, each node before its subgraphs' nodes."""
-    for node in _graph(model).node:
-        yield node
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from all_nodes(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for subgraph in attr.graphs:
-                    yield from all_nodes(subgraph)
+    Scan bodies, If branches), recursively, each node before its subgraphs' nodes: the package's
+    own walk."""
+    from tf2onnx_rnn.probes import graph_nodes
+
+    yield from graph_nodes(_graph(model))
 
 
 def op_types(model: GraphLike) -> list:

@@ -13,7 +13,7 @@ import helpers
 import tf2onnx_rnn  # noqa: E402
 from tf2onnx_rnn.rewriters import gru as gru_matcher  # noqa: E402
 from tf2onnx_rnn.rewriters import pipeline  # noqa: E402
-from tf2onnx_rnn.rewriters.layer import NoMatch  # noqa: E402
+from tf2onnx_rnn.rewriters.description import NoMatch  # noqa: E402
 from tf2onnx_rnn.verify import verify_keras  # noqa: E402
 
 

@@ -24,7 +24,7 @@ import keras
 
 import cli_models  # noqa: E402  (tests/ is on sys.path, see conftest.py)
 import helpers  # noqa: E402
-from tf2onnx_rnn import api  # noqa: E402
+from tf2onnx_rnn import api, probes  # noqa: E402
 from tf2onnx_rnn import convert as cli  # noqa: E402
 
 # TensorFlow's C++ log lines ("I0000 00:00:... port.cc:153] ...") and absl's preamble
@@ -331,7 +331,7 @@ class BadInput:
 
 
 def _out_of_range_opsets():
-    supported = api.supported_opsets()
+    supported = probes.supported_opsets()
     return supported.start - 1, supported.stop
 
 
@@ -448,7 +448,7 @@ def test_internal_error_exits_3_with_traceback(keras3_file, tmp_path, capfd, mon
     def broken(*args, **kwargs):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(api, "_convert", broken)
+    monkeypatch.setattr(api, "convert", broken)
     output = tmp_path / "model.onnx"
     output.write_bytes(b"previous model")
     code = cli.main(["--keras", keras3_file.path, "--output", str(output)])

@@ -27,7 +27,8 @@ import tensorflow as tf
 
 import cli_models  # noqa: E402  (tests/ is on sys.path, see conftest.py)
 from helpers import attribute, nodes_of_types, op_counts, ort_session  # noqa: E402
-from tf2onnx_rnn import api  # noqa: E402
+from tf2onnx_rnn import api, options, probes, sources  # noqa: E402
+from tf2onnx_rnn import output as output_module  # noqa: E402
 from tf2onnx_rnn import convert as cli  # noqa: E402
 from tf2onnx_rnn.errors import ConversionError  # noqa: E402
 
@@ -296,7 +297,7 @@ def test_rename_api(sequence_file):
 
 
 def test_rename_with_the_wrong_count_api(sequence_file):
-    with pytest.raises(ConversionError, match=r"--rename-outputs gives 2 name\(s\), the model has 1 outputs"):
+    with pytest.raises(ConversionError, match=r"^rename_outputs gives 2 name\(s\), the model has 1 outputs"):
         api.convert_keras(sequence_file.model, rename_outputs=["a", "b"])
 
 
@@ -322,7 +323,7 @@ def test_extra_opset_api(sequence_file, extra):
     model_proto = api.convert_keras(sequence_file.model, extra_opset=extra)
     imported = opsets(model_proto)
     assert imported["com.microsoft"] == 1 and imported["ai.onnx.contrib"] == 1
-    assert imported[""] == api.default_opset(None)
+    assert imported[""] == probes.default_opset(None)
 
 
 # -- --target ------------------------------------------------------------------------------------
@@ -353,11 +354,11 @@ def test_target_api(resize_file):
 def test_target_values_are_tf2onnx_targets():
     from tf2onnx import constants
 
-    assert set(constants.POSSIBLE_TARGETS) <= set(api.known_targets())
-    options = api.Options.of(target=list(constants.POSSIBLE_TARGETS))
-    assert options.tf2onnx["target"] == list(constants.POSSIBLE_TARGETS)
-    with pytest.raises(ConversionError, match="unknown --target 'rs4,rs5'"):
-        api.Options.of(target="rs4,rs5")  # one string is one target
+    assert set(constants.POSSIBLE_TARGETS) <= set(options.known_targets())
+    chosen = options.Options.of(target=list(constants.POSSIBLE_TARGETS))
+    assert chosen.target == tuple(constants.POSSIBLE_TARGETS) and not chosen.portable
+    with pytest.raises(ConversionError, match="unknown target 'rs4,rs5'"):
+        options.Options.of(target="rs4,rs5")  # one string is one target
 
 
 # -- --large_model -------------------------------------------------------------------------------
@@ -429,7 +430,7 @@ def test_large_model_api_returns_the_whole_model(sequence_file, tmp_path):
     np.testing.assert_allclose(y, keras_out(sequence_file.model, x), rtol=0, atol=ATOL)
     # saved again with save_model: the same files
     again = tmp_path / "again.onnx"
-    assert api.save_model(model_proto, str(again)) == [str(again), str(again) + ".data"]
+    assert output_module.save_model(model_proto, str(again)) == [str(again), str(again) + ".data"]
     assert (tmp_path / "again.onnx.data").read_bytes() == (tmp_path / "api.onnx.data").read_bytes()
 
 
@@ -438,14 +439,15 @@ def over_2gb(monkeypatch):
     """The converted model counts as over protobuf's 2 GB (a real one takes minutes and many GB);
     records the files onnxruntime is asked to load from disk."""
     loaded = []
-    check = api._check_file_loads
+    check = output_module._check_file_loads
 
     def recording(path):
         loaded.append(path)
         check(path)
 
-    monkeypatch.setattr(api, "fits_in_protobuf", lambda model_proto: False)
-    monkeypatch.setattr(api, "_check_file_loads", recording)
+    for module in (api, probes, output_module):
+        monkeypatch.setattr(module, "fits_in_protobuf", lambda model_proto: False)
+    monkeypatch.setattr(output_module, "_check_file_loads", recording)
     return loaded
 
 
@@ -483,14 +485,14 @@ def test_save_model_checks_the_files_load_before_replacing(tmp_path):
                                    [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [32, 32])],
                                    [weights])
     model_proto = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
-    model_proto.metadata_props.add(key=api.LARGE_MODEL_KEY, value="1")
+    model_proto.metadata_props.add(key=output_module.LARGE_MODEL_KEY, value="1")
     output = tmp_path / "broken.onnx"
     output.write_bytes(b"previous model")
     with pytest.raises(ConversionError, match="onnxruntime cannot load the converted model"):
-        api.save_model(model_proto, str(output), check_loads=True)
+        output_module.save_model(model_proto, str(output), check_loads=True)
     assert [p.name for p in tmp_path.iterdir()] == ["broken.onnx"]
     assert output.read_bytes() == b"previous model"
-    assert api.save_model(model_proto, str(output)) == [str(output), str(output) + ".data"]  # unchecked: written
+    assert output_module.save_model(model_proto, str(output)) == [str(output), str(output) + ".data"]  # unchecked: written
     assert onnx.load(str(output)).graph.initializer[0].raw_data == weights.raw_data
 
 
@@ -537,7 +539,7 @@ def test_continue_on_error_api(lgamma_saved_model):
         api.convert_saved_model(lgamma_saved_model.path)
     model_proto = api.convert_saved_model(lgamma_saved_model.path, continue_on_error=True)
     assert op_counts(model_proto)["Lgamma"] == 1
-    assert api.unconverted_ops(model_proto) == ["Lgamma"]
+    assert probes.unconverted_ops(model_proto) == ["Lgamma"]
 
 
 # -- --concrete_function -------------------------------------------------------------------------
@@ -597,7 +599,7 @@ def test_inputs_api(sequence_file, sequence_saved_model):
     for model_proto in (api.convert_keras(sequence_file.model, inputs={"x": [1, 50, SEQ_FEATURES]}),
                         api.convert_saved_model(sequence_saved_model.path, inputs={"x": [1, 50, SEQ_FEATURES]})):
         assert dims(model_proto.graph.input[0]) == [1, 50, SEQ_FEATURES]
-    with pytest.raises(ConversionError, match="input_signature and --inputs exclude each other"):
+    with pytest.raises(ConversionError, match="input_signature and inputs exclude each other"):
         api.convert_keras(sequence_file.model, inputs={"x": [1, 50, SEQ_FEATURES]},
                           input_signature=[tf.TensorSpec([1, 50, SEQ_FEATURES], tf.float32)])
 
@@ -724,27 +726,29 @@ def test_bad_flag_exits_2_with_one_error_line(case, request, tmp_path, capfd):
 
 def test_source_options_are_checked_by_the_api(sequence_file, sequence_saved_model):
     """The checks the command runs before loading anything are the API's, for Python callers too."""
-    with pytest.raises(ConversionError, match="--concrete_function applies to --saved-model only"):
-        api.run(keras_model=sequence_file.model, concrete_function=0)
-    with pytest.raises(ConversionError, match="input_signature applies to Keras models only"):
-        api.run(saved_model=sequence_saved_model.path, input_signature=[tf.TensorSpec([None, None, 16])])
+    with pytest.raises(ConversionError, match="^concrete_function applies to saved_model only$"):
+        sources.choose(keras_model=sequence_file.model, concrete_function=0)
+    with pytest.raises(ConversionError, match="^input_signature applies to keras_model only$"):
+        sources.choose(saved_model=sequence_saved_model.path, input_signature=[tf.TensorSpec([None, None, 16])])
     with pytest.raises(ConversionError, match="give one source"):
-        api.run(keras_model=sequence_file.model, saved_model=sequence_saved_model.path)
+        sources.choose(keras_model=sequence_file.model, saved_model=sequence_saved_model.path)
+    with pytest.raises(ConversionError, match="^concrete_function is an index from 0, got -1$"):
+        api.run(sources.choose(saved_model=sequence_saved_model.path, concrete_function=-1))
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"rename_inputs": ["a", ""]}, "--rename-inputs: every name must be a non-empty string"),
-    ({"inputs_as_nchw": [3]}, "--inputs-as-nchw: every name must be a non-empty string"),
-    ({"extra_opset": [("com.microsoft", 1)]}, "--extra_opset takes domain:version strings"),
-    ({"extra_opset": "ai.onnx.ml:3"}, "--extra_opset cannot import 'ai.onnx.ml'"),
+    ({"rename_inputs": ["a", ""]}, "^rename_inputs: every name must be a non-empty string"),
+    ({"inputs_as_nchw": [3]}, "^inputs_as_nchw: every name must be a non-empty string"),
+    ({"extra_opset": [("com.microsoft", 1)]}, "^extra_opset takes domain:version strings"),
+    ({"extra_opset": "ai.onnx.ml:3"}, "^extra_opset cannot import 'ai.onnx.ml'"),
     ({"inputs": {"x": [1, True, 16]}}, "a dimension must be a positive size"),
-    ({"inputs": [1, 50, 16]}, "--inputs takes a dict"),
+    ({"inputs": [1, 50, 16]}, "^inputs takes a dict"),
     ({"tagret": ["rs4"]}, "unknown option 'tagret'"),
 ], ids=["empty-rename", "nchw-not-a-name", "opset-tuple", "ml-domain", "bool-dimension", "inputs-list",
         "misspelled-option"])
 def test_options_refused_before_converting(kwargs, message):
     with pytest.raises(ConversionError, match=message):
-        api.Options.of(**kwargs)
+        options.Options.of(**kwargs)
 
 
 # -- the parser ----------------------------------------------------------------------------------
@@ -771,6 +775,6 @@ def test_parsed_flag_values():
     assert args.inputs == {"x": [1, None, 16], "mask": [1, None]}
     assert args.rename_inputs == ["a", "b"] and args.outputs_as_nchw == ["y"]
     options = cli._options(args)
-    assert [(o.domain, o.version) for o in options.tf2onnx["extra_opset"]] == [("com.microsoft", 1),
+    assert [(o.domain, o.version) for o in options.extra_opset] == [("com.microsoft", 1),
                                                                                 ("ai.onnx.contrib", 1)]
     assert options.large_model and options.continue_on_error and options.rename_inputs == ("a", "b")

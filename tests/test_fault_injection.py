@@ -189,11 +189,14 @@ def test_discovery_finds_every_part_of_the_package():
     """The walk reaches every module and every kind of member (so a missed one is a failure)."""
     ids = {t.id for t in TARGETS}
     modules = {t.module.__name__.rsplit(".", 1)[-1] for t in TARGETS}
-    assert {"pipeline", "adapt", "body", "emitter", "evaluate", "activations", "layer", "lstm", "gru",
-            "simple_rnn"} <= modules
+    assert {"pipeline", "adapt", "plan", "body", "skeleton", "emitter", "mask_forms", "mask_tensors", "states",
+            "rows", "chains", "steps", "unrolled", "stacked", "evaluate", "activations", "description", "equations",
+            "lstm", "gru", "simple_rnn"} <= modules
     assert {"pipeline.RecurrentRewriter.__call__", "pipeline.RecurrentRewriter._match_cell",
-            "pipeline.make_rewriter", "adapt.build_pass", "layer.CellKind.state_count",
-            "emitter._MaskTensors.lengths", "evaluate._split", "lstm.match", "__init__.cell_matchers"} <= ids
+            "pipeline.make_rewriter", "adapt.build_pass", "plan.plan_nodes", "description.CellKind.state_count",
+            "mask_tensors.MaskTensors.lengths", "mask_forms.Masks.form_for", "mask_forms.select_masks",
+            "states.select_states", "rows.Rows.fused", "evaluate._split", "lstm.match", "lstm.step",
+            "__init__.cell_matchers"} <= ids
     kinds = {t.kind for t in TARGETS}
     assert {"function", "staticmethod", "property"} <= kinds
     assert not [t.id for t in TARGETS if t.id.endswith(("__eq__", "__hash__", "__repr__", "__new__"))]
@@ -214,7 +217,7 @@ def test_injection_replaces_every_reference():
         with pytest.raises(RuntimeError, match="evaluate._split"):
             evaluate._OPS["Split"](None, 0, np.zeros(2))
     assert evaluate._OPS["Split"] is evaluate._split
-    state_count = next(t for t in TARGETS if t.id == "layer.CellKind.state_count")
+    state_count = next(t for t in TARGETS if t.id == "description.CellKind.state_count")
     with injected(state_count):
         with pytest.raises(RuntimeError):
             _ = lstm.KIND.state_count
@@ -247,9 +250,9 @@ def batch() -> np.ndarray:
 def _frozen_once():
     """Trace and freeze each model once: ``convert_keras`` gets a copy of the frozen graph each time
     and runs everything after freezing (the rewriters among it) as usual."""
-    from tf2onnx_rnn import api
+    from tf2onnx_rnn.sources import keras_model
 
-    original, frozen = api._keras_source, {}
+    original, frozen = keras_model.freeze_keras, {}
 
     def once(model, *args, **kwargs):
         key = (id(model), repr(args), repr(sorted(kwargs.items())))
@@ -258,9 +261,9 @@ def _frozen_once():
         source = frozen[key][1]
         return dataclasses.replace(source, graph_def=copy.deepcopy(source.graph_def))
 
-    api._keras_source = once
+    keras_model.freeze_keras = once
     yield
-    api._keras_source = original
+    keras_model.freeze_keras = original
 
 
 _MODELS: dict = {}

@@ -8,7 +8,7 @@ import keras
 
 import helpers
 import tf2onnx_rnn  # noqa: E402
-from tf2onnx_rnn.api import supported_opsets  # noqa: E402
+from tf2onnx_rnn.probes import supported_opsets  # noqa: E402
 from tf2onnx_rnn.verify import verify_keras  # noqa: E402
 
 

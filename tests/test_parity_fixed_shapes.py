@@ -444,7 +444,7 @@ def test_every_product_form_reads_as_the_same_affine(form: str):
 
 def test_products_that_are_not_x_times_a_weight_are_declined_with_a_reason():
     from tf2onnx_rnn.rewriters.body import BodyView
-    from tf2onnx_rnn.rewriters.layer import NoMatch
+    from tf2onnx_rnn.rewriters.description import NoMatch
 
     transposed = body_graph([("Gemm", [_X, "W_t", "b"], "pre", dict(transA=1))], {"W_t": _W, "b": _B})
     with pytest.raises(NoMatch, match="Gemm transposes its varying factor"):

@@ -33,7 +33,7 @@ import test_streaming as streaming
 import tf2onnx_rnn
 from helpers import ONNX_OP
 from test_parity_masking import MaskCase, StackCase
-from tf2onnx_rnn import ConversionError, api, report_of
+from tf2onnx_rnn import ConversionError, options, report_of
 from tf2onnx_rnn import convert as cli
 
 PORTABLE_FORM = "portable: no sequence_lens"
@@ -290,12 +290,12 @@ def test_unmasked_layers_are_unchanged_but_reverse_nodes():
 def test_portable_is_a_known_target():
     from tf2onnx import constants
 
-    assert set(api.known_targets()) == set(constants.POSSIBLE_TARGETS) | {"portable"}
-    assert api.Options.of(target="portable").portable
-    assert api.Options.of(target=["tensorrt", "portable"]).portable
-    assert not api.Options.of(target="tensorrt").portable and not api.Options.of().portable
+    assert set(options.known_targets()) == set(constants.POSSIBLE_TARGETS) | {"portable"}
+    assert options.Options.of(target="portable").portable
+    assert options.Options.of(target=["tensorrt", "portable"]).portable
+    assert not options.Options.of(target="tensorrt").portable and not options.Options.of().portable
     with pytest.raises(ConversionError, match="known: .*portable"):
-        api.Options.of(target="tract")
+        options.Options.of(target="tract")
 
 
 def test_tf2onnx_gets_its_own_targets_only(monkeypatch):

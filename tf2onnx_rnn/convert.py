@@ -21,8 +21,10 @@ import tempfile
 import traceback
 from typing import Optional, Sequence
 
-from . import api
+from . import api, sources
 from .errors import ConversionError, first_line
+from .options import Options, check_tolerance
+from .output import check_output_path
 
 EXIT_OK = 0
 EXIT_VERIFICATION_FAILED = 1
@@ -43,7 +45,7 @@ def _tolerance(text: str) -> float:
     """A number, checked by the API's own rule at once (before TensorFlow's slow import)."""
     try:
         value = float(text)
-        api.check_tolerance(value)
+        check_tolerance(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
     except ConversionError as error:
@@ -183,35 +185,40 @@ def import_tensorflow(debug: bool) -> None:
 
 
 # -- the run ---------------------------------------------------------------------------------
-def _options(args: argparse.Namespace) -> api.Options:
-    passed = {name: getattr(args, name) for name in ("target", "extra_opset", "inputs_as_nchw", "outputs_as_nchw")
-              if getattr(args, name) is not None}
-    return api.Options.of(opset=args.opset, assume_post_padded=args.assume_post_padded,
-                          continue_on_error=args.continue_on_error, large_model=args.large_model,
-                          rename_inputs=args.rename_inputs, rename_outputs=args.rename_outputs,
-                          inputs=args.inputs, streaming=args.streaming, **passed)
+# the API's parameters the command line names otherwise than by their own name with two dashes
+_API_FLAGS = {"keras_file": "--keras", "keras_model": "--keras", "output_path": "--output"}
 
 
-def _check_source(args: argparse.Namespace) -> None:
-    """The API's checks of the source and the options it takes, run before TensorFlow's slow import."""
-    api.check_source_options(keras=args.keras is not None, signature_def=args.signature_def, tag=args.tag,
-                             concrete_function=args.concrete_function)
-    if args.saved_model is not None:
-        api.check_saved_model_dir(args.saved_model)
-    else:
-        api.check_keras_file(args.keras)
+def flag_of(parser: argparse.ArgumentParser):
+    """How the command line spells an API parameter in a message: as the flag that gives it."""
+    flags = {action.dest: action.option_strings[0] for action in parser._actions if action.option_strings}
+    flags.update(_API_FLAGS)
+    return lambda name: flags.get(name, name)
+
+
+def _options(args: argparse.Namespace) -> Options:
+    return Options.of(opset=args.opset, assume_post_padded=args.assume_post_padded,
+                      continue_on_error=args.continue_on_error, large_model=args.large_model,
+                      rename_inputs=args.rename_inputs, rename_outputs=args.rename_outputs,
+                      inputs=args.inputs, streaming=args.streaming, target=args.target, extra_opset=args.extra_opset,
+                      inputs_as_nchw=args.inputs_as_nchw, outputs_as_nchw=args.outputs_as_nchw)
+
+
+def _source(args: argparse.Namespace) -> sources.Source:
+    """The source the flags name, checked before TensorFlow's slow import (the API's checks)."""
+    source = sources.choose(keras_file=args.keras, saved_model=args.saved_model, signature_def=args.signature_def,
+                            tag=args.tag, concrete_function=args.concrete_function)
+    source.check()
+    return source
 
 
 def run(args: argparse.Namespace) -> int:
-    api.check_output_path(args.output)
-    _check_source(args)
+    check_output_path(args.output)
+    source = _source(args)
     import_tensorflow(args.debug)
     options = _options(args)
-    source = dict(saved_model=args.saved_model, signature_def=args.signature_def, tag=args.tag,
-                  concrete_function=args.concrete_function) if args.saved_model is not None else \
-        dict(keras_model=api.load_keras_file(args.keras))
     try:
-        conversion = api.run(**source, output_path=args.output, verify=args.verify, tolerance=args.tolerance,
+        conversion = api.run(source, output_path=args.output, verify=args.verify, tolerance=args.tolerance,
                              options=options)
     except api.VerificationFailed as failure:
         print(failure.conversion.report.table())
@@ -238,8 +245,9 @@ def _error(message: str) -> None:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """The ``tf2onnx-rnn`` command; returns the exit status."""
+    parser = build_parser()
     try:
-        args = build_parser().parse_args(argv)
+        args = parser.parse_args(argv)
     except UsageError as error:
         _error(str(error))
         return EXIT_BAD_INPUT
@@ -249,7 +257,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except ConversionError as error:
         if args.debug:
             traceback.print_exc()
-        _error(first_line(error))
+        _error(first_line(error.spelled(flag_of(parser))))
         return EXIT_BAD_INPUT
     except Exception as error:  # a bug, ours or a library's: show it in full
         traceback.print_exc()

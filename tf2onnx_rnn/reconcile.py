@@ -14,12 +14,14 @@ from typing import Callable, Iterable, Optional
 
 import onnx
 
-from .report import REMOVED, UNROLLED, ConversionReport, LoopOutcome
+from .probes import graph_nodes
+from .report import LOOP, REMOVED, UNROLLED, ConversionReport, LoopOutcome
+from .rewriters.outcome import WHILE_OPS, Findings
+from .rewriters.rows import kind_hint, scope_name
 
 logger = logging.getLogger("tf2onnx_rnn")
 
-_WHILE_OPS = ("While", "StatelessWhile")
-_RECURRENT_OPS = ("LSTM", "GRU", "RNN")
+_RECURRENT_OPS = ("LSTM", "GRU", "RNN")  # ONNX's recurrent ops (tf2onnx's own rewriters make them too)
 
 
 @dataclass(frozen=True)
@@ -32,20 +34,29 @@ class RecurrentLoop:
     @property
     def kind_hint(self) -> str:
         """The Keras layer kind the loop's scopes suggest (lstm_1 -> LSTM), "unknown" when none does."""
-        lowered = (self.name + " " + self.body).lower()
-        return next((kind.keras_name for kind in _cell_kinds() if kind.scope_hint in lowered), "unknown")
+        return _hint(self.name + " " + self.body)
 
 
-def _cell_kinds() -> tuple:
-    """The cell families of the rewriter package; none when even listing them fails (the
-    reconciliation must hold whatever state the rewriter package is in)."""
+def _hint(name: str) -> str:
+    """:func:`kind_hint`, or "unknown" when the rewriter package cannot say (the reconciliation must
+    hold whatever state the rewriter package is in)."""
     try:
-        from .rewriters import cell_kinds
-
-        return cell_kinds()
+        return kind_hint(name)
     except Exception:  # noqa: BLE001 - the rows are still written, their kind "unknown"
-        logger.debug("listing the cell families raised", exc_info=True)
-        return ()
+        logger.debug("naming the cell kind of %s raised", name, exc_info=True)
+        return "unknown"
+
+
+def _layer_name(name: str, layer_of: Callable[[str], Optional[str]]) -> str:
+    """The report name of a loop's (or unrolled layer's) Keras layer: the source's, else its scopes'."""
+    found = layer_of(name)
+    if found:
+        return found
+    try:
+        return scope_name(name)
+    except Exception:  # noqa: BLE001 - as above: the node's own name then
+        logger.debug("naming the layer of %s raised", name, exc_info=True)
+        return name
 
 
 def recurrent_loops(graph_def) -> list:
@@ -58,7 +69,7 @@ def recurrent_loops(graph_def) -> list:
 
     nodes = list(graph_def.node) + [n for f in functions.values() for n in f.node_def]
     return [RecurrentLoop(n.name, n.attr["body"].func.name) for n in nodes
-            if n.op in _WHILE_OPS and reads_a_list(n.attr["body"].func.name)]
+            if n.op in WHILE_OPS and reads_a_list(n.attr["body"].func.name)]
 
 
 def unrolled_layers(graph_def) -> list:
@@ -75,45 +86,36 @@ def unrolled_layers(graph_def) -> list:
             continue
         outputs = [node.name if i == 0 else f"{node.name}:{i}" for i in range(node.attr["num"].i)]
         if all("MatMul" in consumers.get(t, ()) or "MatMul" in consumers.get(f"{t}:0", ()) for t in outputs) \
-                and RecurrentLoop(node.name, "").kind_hint != "unknown":
+                and _hint(node.name) != "unknown":
             found.append(node.name)
     return found
 
 
-def graph_nodes(graph: onnx.GraphProto) -> Iterable[onnx.NodeProto]:
-    """Every node of ``graph`` and its subgraphs."""
-    for node in graph.node:
-        yield node
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from graph_nodes(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for sub in attr.graphs:
-                    yield from graph_nodes(sub)
-
-
-def reconcile(report: ConversionReport, loops: list, model_proto: onnx.ModelProto,
-              layer_of: Callable[[str], Optional[str]] = lambda loop: None, unrolled: Iterable[str] = ()) -> None:
-    """Make ``report`` agree with ``model_proto`` for every loop in ``loops`` (in place); when the
-    rewriter could not look for unrolled layers, ``unrolled`` (:func:`unrolled_layers`) get rows too."""
+def reconcile(findings: Findings, loops: list, model_proto: onnx.ModelProto,
+              layer_of: Callable[[str], Optional[str]] = lambda loop: None,
+              unrolled: Iterable[str] = ()) -> ConversionReport:
+    """The report of the rewriter's ``findings``, made to agree with ``model_proto`` for every loop in
+    ``loops``; when the rewriter could not look for unrolled layers, ``unrolled``
+    (:func:`unrolled_layers`) get rows too."""
+    recorded = [LoopOutcome.of(row) for row in findings.outcomes]
     nodes = list(graph_nodes(model_proto.graph))
     names = {n.name for n in nodes}
     still_loops = {_loop_name(n.name) for n in nodes if n.op_type in ("Loop", "Scan")}
-    rows = {o.loop: o for o in report.outcomes}
-    claimed = {o.node for o in report.outcomes if o.fused and o.node in names}
+    rows = {o.loop: o for o in recorded}
+    claimed = {o.node for o in recorded if o.fused and o.node in names}
     unclaimed_native = [n for n in nodes if n.op_type in _RECURRENT_OPS and n.name not in claimed]
 
     def checked(loop: RecurrentLoop) -> LoopOutcome:
         row = rows.get(loop.name)
-        layer = row.layer if row is not None else (layer_of(loop.name) or _scope_name(loop.name))
+        layer = row.layer if row is not None else _layer_name(loop.name, layer_of)
         kind = row.kind if row is not None else loop.kind_hint
         if loop.name in still_loops:
-            if row is not None and row.became == "Loop":
+            if row is not None and row.became == LOOP:
                 return row
             reason = ("internal error: reported as fused, but the loop is still in the written model"
                       if row is not None else
-                      report.setup_error or "internal error: the rewriter did not report this loop")
-            return _warned(LoopOutcome(loop=loop.name, layer=layer, kind=kind, direction="", became="Loop",
+                      findings.setup_error or "internal error: the rewriter did not report this loop")
+            return _warned(LoopOutcome(loop=loop.name, layer=layer, kind=kind, direction="", became=LOOP,
                                        reason=reason))
         if row is not None and row.fused and row.node in names and set(row.cell_nodes) <= names:
             return row
@@ -126,13 +128,13 @@ def reconcile(report: ConversionReport, loops: list, model_proto: onnx.ModelProt
                            reason="its outputs are unused: tf2onnx removed the loop")
 
     known = {loop.name for loop in loops}
-    others = [o for o in report.outcomes if o.loop not in known and (not o.fused or o.node in names)]
+    others = [o for o in recorded if o.loop not in known and (not o.fused or o.node in names)]
     unreported = [name for name in unrolled if name not in rows]
-    why = report.setup_error or report.unrolled_error
-    lost = [_warned(LoopOutcome(loop=name, layer=layer_of(name) or _scope_name(name),
-                                kind=RecurrentLoop(name, "").kind_hint, direction="", became=UNROLLED, reason=why))
+    why = findings.setup_error or findings.unrolled_error
+    lost = [_warned(LoopOutcome(loop=name, layer=_layer_name(name, layer_of), kind=_hint(name), direction="",
+                                became=UNROLLED, reason=why))
             for name in (unreported if why else [])]
-    report.outcomes[:] = [checked(loop) for loop in loops] + others + lost
+    return ConversionReport([checked(loop) for loop in loops] + others + lost)
 
 
 def _loop_name(onnx_name: str) -> str:
@@ -144,11 +146,5 @@ _LOOP_SUFFIX = "_loop"
 
 
 def _warned(outcome: LoopOutcome) -> LoopOutcome:
-    logger.warning("%s: stays %s: %s", outcome.layer, "unrolled ops" if outcome.became == UNROLLED else "a Loop",
-                   outcome.reason)
+    logger.warning("%s: stays %s: %s", outcome.layer, outcome.left_as, outcome.reason)
     return outcome
-
-
-def _scope_name(loop_name: str) -> str:
-    parts = [p for p in loop_name.split("/") if p not in ("while", "PartitionedCall", "StatefulPartitionedCall")]
-    return "/".join(parts[1:] if len(parts) > 1 else parts) or loop_name

@@ -9,45 +9,37 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
+from .rewriters.outcome import LOOP, REMOVED, UNROLLED, Outcome
+
+__all__ = ["LOOP", "METADATA_KEY", "REMOVED", "UNROLLED", "ConversionReport", "LoopOutcome"]
+
 METADATA_KEY = "tf2onnx_rnn.report"
-REMOVED = "removed"  # ``became`` of a loop whose outputs nothing used: tf2onnx dropped it
-UNROLLED = "unrolled ops"  # ``became`` of an unrolled layer (unroll=True) left as its steps' own ops
 
 
 @dataclass(frozen=True)
-class LoopOutcome:
-    """What became of one recurrent while-loop."""
-
-    loop: str  # the loop node's name in the TensorFlow graph
-    layer: str  # the Keras layer, as far as the graph's scopes tell
-    kind: str  # LSTM, GRU, SimpleRNN, or what the name suggests when unmatched
-    direction: str  # forward / backward; empty when not known
-    became: str  # the ONNX op it became (LSTM, GRU, RNN), or "Loop"
-    node: str = ""  # the ONNX node's name when fused
-    reason: str = ""  # why it stayed a Loop
-    where: str = ""  # the node at which the matcher stopped
-    activations: str = ""
-    node_direction: str = ""  # the ONNX node's direction attribute (bidirectional when paired)
-    mask: str = ""  # for a masked layer: the mask's source and the graph form emitted
-    state_inputs: tuple = ()  # streaming: the graph inputs the layer starts from (h, then c), "" = the model's own
-    state_outputs: tuple = ()  # streaming: the graph outputs of the states it ends with
-    stateful: bool = False  # a Keras stateful=True layer
-    cell_nodes: tuple = ()  # a StackedRNNCells loop: the nodes of the cells below ``node`` (the top cell's)
-    unrolled: int = 0  # an unrolled layer (no loop; ``loop`` names its Unpack): its number of steps
+class LoopOutcome(Outcome):
+    """What became of one recurrent while-loop (or one unrolled layer): a row of the report."""
 
     @property
     def fused(self) -> bool:
-        return self.became not in ("Loop", REMOVED, UNROLLED)
+        return self.became not in (LOOP, REMOVED, UNROLLED)
+
+    @property
+    def left_as(self) -> str:
+        """What a row that is not fused stays as, in words."""
+        return "unrolled ops" if self.became == UNROLLED else "a Loop"
+
+    @classmethod
+    def of(cls, row: Outcome) -> "LoopOutcome":
+        """A row the rewriter recorded, as a report row."""
+        return row if isinstance(row, cls) else cls(**asdict(row))
 
 
 @dataclass
 class ConversionReport:
-    outcomes: list = field(default_factory=list)
-    setup_error: str = ""  # why the rewriter could not run at all (an internal error), if it could not
-    unrolled_error: str = ""  # why unrolled layers could not even be looked for (an internal error), if so
+    """Every recurrent loop's row, reconciled with the written model: printed, logged and stored."""
 
-    def add(self, outcome: LoopOutcome) -> None:
-        self.outcomes.append(outcome)
+    outcomes: list = field(default_factory=list)  # LoopOutcome rows
 
     @property
     def fused(self) -> list:
@@ -55,7 +47,7 @@ class ConversionReport:
 
     @property
     def loops(self) -> list:
-        return [o for o in self.outcomes if o.became == "Loop"]
+        return [o for o in self.outcomes if o.became == LOOP]
 
     @property
     def unrolled(self) -> list:

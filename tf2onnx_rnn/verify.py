@@ -22,13 +22,13 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import onnx
 
-from .errors import ConversionError, VerificationError, first_line
+from .errors import ConversionError, first_line
 from .inputs import random_inputs
-from .layers import states_kept, zero_states
+from .keras_layers import states_kept, zero_states
 from .report import ConversionReport
 
-__all__ = ["ROUNDS", "OutputCheck", "VerificationError", "VerificationResult", "compare", "onnx_input_specs",
-           "verify_keras", "verify_saved_model"]
+__all__ = ["ROUNDS", "OutputCheck", "VerificationResult", "compare", "onnx_input_specs", "verify_keras",
+           "verify_saved_model"]
 
 # (batch size, size of every other dynamic dimension) for each verification round
 ROUNDS = ((2, 5), (3, 9))
@@ -90,11 +90,6 @@ class VerificationResult:
         elif not self.checks:
             lines.append("  FAILED: no output was compared")
         return "\n".join(lines)
-
-    def raise_for_failure(self) -> "VerificationResult":
-        if not self.passed:
-            raise VerificationError(f"verification failed: {self.reason()}\n{self.table()}")
-        return self
 
 
 def onnx_input_specs(model_proto: onnx.ModelProto) -> list:

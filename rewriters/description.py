@@ -7,7 +7,7 @@ needs, with weights already in ONNX gate order. Nothing here knows ONNX input sl
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -35,10 +35,17 @@ class StateRole(enum.Enum):
     CELL = "c"  # LSTM only
 
 
+# A cell's step as the ONNX equations compute it, on values: ``step(x, states, weights, activations,
+# attributes)`` with ``x`` [B, F], ``states`` role -> [B, H], ``weights`` W [G*H, F], R [G*H, H] and
+# B [2*G*H] in ONNX gate order, ``activations`` the numpy functions in ONNX order and ``attributes``
+# the family's own ONNX attributes as a dict; returns role -> the new state [B, H].
+StepEquation = Callable[..., dict]
+
+
 @dataclass(frozen=True)
 class CellKind:
     """A cell family's facts. Each cell module (``lstm``, ``gru``, ``simple_rnn``) defines its own
-    ``KIND`` beside its matcher; nothing else in the package lists the families."""
+    ``KIND`` beside its matcher; nothing else in the package lists the families or names one."""
 
     keras_name: str  # the Keras layer, as the report names it (SimpleRNN)
     onnx_op: str  # the ONNX node it becomes (RNN)
@@ -49,6 +56,11 @@ class CellKind:
     element_types: tuple[str, ...] = ("float32", "float16")
     # the ONNX op's default activations, per direction (a node that uses exactly these may omit them)
     default_activations: tuple[str, ...] = ()
+    # the cell's step on values (the unrolled reader checks a step TensorFlow folded against it)
+    step: Optional[StepEquation] = field(default=None, compare=False, repr=False)
+    # attributes of a loop body graph through which tf2onnx's own rewriters would claim this family's
+    # loops (cleared when this package's matchers take a loop)
+    tf2onnx_contexts: tuple[str, ...] = ()
 
     @property
     def state_count(self) -> int:
@@ -157,6 +169,9 @@ class Wiring:
     mask_unreversed: Optional[str] = None  # for a backward pass: the mask before Keras reversed it
     mask_source: str = ""  # where the mask comes from, for the report
     masked_output: Optional[MaskedOutput] = None
+    # an unrolled layer unstacks its input (and mask) in time order whichever way it steps: a backward
+    # pass's ``x`` and ``mask`` are then in time order, and the node reverses them when it runs forward
+    reverse_x: bool = False
 
 
 @dataclass(frozen=True, eq=False)
@@ -201,6 +216,7 @@ class RecurrentLayer:
     passes: tuple[Pass, ...]  # in ONNX direction order
     mask: Optional[str] = None  # time-major mask in the order of X
     mask_key: Optional[tuple] = None  # equal for masks equal by construction (computed once)
+    reverse_x: bool = False  # X and the mask are the given tensors reversed in time (built by the emitter)
 
     def runs_forward(self, index: int) -> bool:
         """Whether pass ``index`` steps through X first to last."""

@@ -1,0 +1,166 @@
+"""How a masked layer's mask reaches its node: wiring variants of the one emitter.
+
+:class:`MaskForm` (the kept counts as ``sequence_lens``) and :class:`PortableMask` (no computed
+``sequence_lens``) are the forms; :class:`Masks`, chosen once per conversion by
+:func:`select_masks`, says which form a layer takes and whether its kept steps are compacted
+(moved to the front) or assumed to come first (post-padding).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from .description import Direction, NodeDirection, Pass, RecurrentLayer, StateRole
+
+class MaskForm:
+    """How a masked layer's mask reaches its node: the kept counts as ``sequence_lens``, so the node
+    stops at each row's last kept step (compacted first unless post-padding is assumed).
+
+    A wiring variant of the one emitter; :class:`PortableMask` is the other. The emitter asks the
+    variant the nodes a layer becomes, each node's direction, X and sequence_lens, a pass's outputs
+    in compacted order, and its state at the last kept step. An unmasked layer takes this form
+    with no mask (but for the portable target's reverse passes, see :meth:`Masks.form_for`).
+    """
+
+    zeros_past_count = True  # the node's outputs past each row's kept count are zeros (sequence_lens)
+
+    def __init__(self, note: str = ""):
+        self.note = note  # why a layer asked for another form has this one, for the report
+
+    def layers(self, layer: RecurrentLayer) -> tuple:
+        """The layers the node(s) are built from, one node each."""
+        return (layer,)
+
+    def direction(self, layer: RecurrentLayer) -> NodeDirection:
+        """The node's direction attribute."""
+        return layer.direction
+
+    def inputs(self, emission: "Emission") -> tuple:
+        """The node's X and sequence_lens ("" for none)."""
+        x = emission.x
+        if emission.mask is None:
+            return x, ""
+        return (emission.mask.compact(x) if emission.compacted else x), emission.mask.lengths
+
+    def steps(self, emission: "Emission", y: str) -> str:
+        """[T, B, H]: a pass's node outputs -> its outputs in the order of X, at compacted positions
+        when masked (zero past each row's kept count when not compacted)."""
+        return y
+
+    def state(self, emission: "Emission", node, index: int, role: StateRole) -> str:
+        """[1, B, H]: pass ``index``'s state at its last kept step (zeros for a row with none)."""
+        return emission.node_state(node, index, role)
+
+    def describe(self, layer: RecurrentLayer, compacted: bool) -> str:
+        """The form ``layer`` (as planned, before :meth:`layers`) took, for the report's mask column."""
+        form = "compacted + sequence_lens" if compacted else "sequence_lens (post-padded assumed)"
+        return f"{form} ({self.note})" if self.note else form
+
+
+SEQUENCE_LENS = MaskForm()
+
+
+class PortableMask(MaskForm):
+    """Target "portable": no computed ``sequence_lens`` (tract takes it only as a constant, onnx2torch
+    not at all). Each row's kept steps are compacted to the front as usual and the node runs over
+    every step; what comes after the kept steps never reaches an output: the outputs are gathered
+    back from the kept positions, and the state from the last one (the output there is the hidden
+    state). A pass that steps backward runs FORWARD over each row's kept steps reversed (a gather,
+    composed with the compaction's), and its outputs are reversed back per row. A Bidirectional
+    layer becomes two forward nodes: one node cannot reverse its backward direction per row.
+
+    Exact for every layer whose final cell state (LSTM's c) is not used: the node outputs only h
+    at each step (:meth:`Masks.form_for` keeps ``sequence_lens`` for those).
+
+    Every node it builds runs forward: tract runs a ``direction="reverse"`` node forward (it reads
+    the direction from the number of directions only), so an unmasked pass that steps backward
+    runs forward over its input reversed in time too, its outputs reversed back.
+    """
+
+    zeros_past_count = False  # the node runs over every step
+
+    def layers(self, layer: RecurrentLayer) -> tuple:
+        if layer.direction is not NodeDirection.BIDIRECTIONAL:
+            return (layer,)
+        forward, backward = layer.passes
+        return (replace(layer, direction=NodeDirection.FORWARD, passes=(forward,)),
+                replace(layer, direction=NodeDirection.REVERSE, passes=(backward,)))
+
+    def direction(self, layer: RecurrentLayer) -> NodeDirection:
+        return NodeDirection.FORWARD
+
+    def inputs(self, emission: "Emission") -> tuple:
+        x, mask = emission.x, emission.mask
+        if emission.layer.direction is NodeDirection.REVERSE:
+            return (emission.reversed_in_time(x) if mask is None else mask.compact_reversed(x, emission.compacted)), ""
+        return (mask.compact(x) if emission.compacted else x), ""
+
+    def steps(self, emission: "Emission", y: str) -> str:
+        mask = emission.mask
+        if emission.layer.direction is NodeDirection.REVERSE:
+            y = emission.reversed_in_time(y) if mask is None else mask.unreverse(y)
+        if mask is not None and not emission.compacted:
+            # post-padded: zeros past each row's kept steps, as sequence_lens gives
+            y = mask.op("Where", [mask.kept, y, mask.zero])
+        return y
+
+    def state(self, emission: "Emission", node, index: int, role: StateRole) -> str:
+        if emission.mask is None:  # the last step of the reversed input is the first: the node's own state
+            return super().state(emission, node, index, role)
+        assert role is StateRole.HIDDEN, "a cell state is not in the node's outputs"
+        return emission.mask.at_last_kept(emission.per_direction(emission.node_y(node), index, 1))
+
+    def describe(self, layer: RecurrentLayer, compacted: bool) -> str:
+        form = ["portable: no sequence_lens", "compacted" if compacted else "post-padded assumed"]
+        if layer.direction is NodeDirection.BIDIRECTIONAL:
+            form.append("two forward nodes, the backward one over each row's kept steps reversed")
+        elif layer.direction is NodeDirection.REVERSE:
+            form.append("a forward node over each row's kept steps reversed")
+        return ", ".join(form + ["state read at the last kept step"])
+
+
+PORTABLE = PortableMask()
+
+
+
+
+@dataclass(frozen=True)
+class Masks:
+    """How the masked layers of one conversion are emitted."""
+
+    form: MaskForm = SEQUENCE_LENS  # the form a masked layer takes unless it needs another
+    post_padded: bool = False  # every row's kept steps are assumed to come first: nothing is compacted
+
+    def form_for(self, layer: RecurrentLayer, final_roles: set) -> MaskForm:
+        """The form ``layer`` takes (``final_roles``: the states its node must give at its end). The
+        portable form also takes an unmasked layer that would run ``direction="reverse"``, and
+        leaves a masked layer whose final cell state is used the ``sequence_lens`` form."""
+        if self.form is SEQUENCE_LENS or (layer.mask is None and layer.direction is not NodeDirection.REVERSE):
+            return SEQUENCE_LENS
+        if layer.mask is not None and StateRole.CELL in final_roles:
+            return MaskForm("kept for the portable target: the final cell state c is used, and without "
+                            "sequence_lens the node gives c only after the last step")
+        return self.form
+
+    def compacts(self, layer: RecurrentLayer) -> bool:
+        """Whether a masked layer's input is compacted (kept steps moved to the front).
+
+        Always, unless post-padding is assumed; even then a go_backwards pass that runs over
+        Keras's reversed input is compacted, since reversing turns post-padding into pre-padding.
+        """
+        reversed_input = layer.direction is NodeDirection.FORWARD and layer.first.direction is Direction.BACKWARD
+        return layer.mask is not None and (not self.post_padded or reversed_input)
+
+    def runs_reverse(self, pass_: Pass) -> bool:
+        """Whether a pass of its own runs ONNX's reverse direction over the unreversed input: a
+        backward pass whose step-order outputs are unused (no reversal op needed either way), or a
+        masked one with post-padding assumed (that saves compacting; its step-order sequence is
+        then Y reversed in time). Every other pass runs forward over its own input."""
+        wiring = pass_.wiring
+        post_padded_sequence = self.post_padded and wiring.mask is not None
+        return pass_.direction is Direction.BACKWARD and (not wiring.sequence_output or post_padded_sequence)
+
+
+def select_masks(portable: bool = False, post_padded: bool = False) -> Masks:
+    """How masked layers are emitted in a conversion: with computed ``sequence_lens``, or in the
+    portable form; compacted (exact for any mask), or with post-padding assumed."""
+    return Masks(PORTABLE if portable else SEQUENCE_LENS, post_padded)

@@ -1,0 +1,236 @@
+"""The mask arithmetic of a masked layer, built once per mask and shared by the layers it masks.
+
+Compaction moves each row's kept steps to the front, in order; outputs go back through a gather
+from the node's outputs at the compacted position each step takes its value from.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+from onnx import TensorProto
+from tf2onnx import utils
+from tf2onnx.graph_builder import GraphBuilder
+
+from .description import MaskedOutput
+
+def _built_once(builder):
+    """A property whose graph nodes are built on first use and reused after."""
+
+    def get(self):
+        if builder.__name__ not in self._cache:
+            self._cache[builder.__name__] = builder(self)
+        return self._cache[builder.__name__]
+
+    return property(get, doc=builder.__doc__)
+
+
+class MaskTensors:
+    """Tensors derived from one time-major mask [T, B], each built on first use.
+
+    Compaction moves each row's kept steps to the front, in order; outputs go back through
+    ``source``: at step t, the compacted position of the latest kept step up to t.
+    """
+
+    def __init__(self, graph, mask: str, float_type: np.dtype):
+        self.graph, self.builder = graph, GraphBuilder(graph)
+        self.float_type_np = np.dtype(float_type)
+        self._cache: dict = {}
+        if len(graph.get_shape(mask) or []) == 3:
+            mask = self.builder.make_squeeze({"data": mask, "axes": [2]})
+        self.bool = self.op("Cast", [mask], to=TensorProto.BOOL)
+
+    def op(self, op_type: str, inputs, **attrs) -> str:
+        return self.graph.make_node(op_type, inputs, attr=attrs).output[0]
+
+    def const(self, value, dtype=np.int64) -> str:
+        return self.graph.make_const(utils.make_name("mask_const"), np.array(value, dtype)).output[0]
+
+    @_built_once
+    def ints(self) -> str:
+        """[T, B] int64: 1 at kept steps. A Where, not a Cast: tract casts to int64 as its symbolic
+        dimension type, which its CumSum cannot add."""
+        return self.op("Where", [self.bool, self.const(1), self.const(0)])
+
+    @_built_once
+    def time_and_batch(self):
+        shape = self.op("Shape", [self.bool])
+        return (self.op("Gather", [shape, self.const(0)], axis=0),
+                self.op("Gather", [shape, self.const(1)], axis=0))
+
+    @_built_once
+    def batch_index(self) -> str:
+        """[B]: 0 .. B-1, to turn (step, row) into a row of a [T*B, ...] flattening."""
+        return self.op("Range", [self.const(0), self.time_and_batch[1], self.const(1)])
+
+    @_built_once
+    def counts(self) -> str:
+        """[B] int64: kept steps per row."""
+        return self.builder.make_reduce_sum({"data": self.ints, "axes": [0], "keepdims": 0})
+
+    @_built_once
+    def lengths(self) -> str:
+        """[B] int32: kept steps per row, the node's sequence_lens."""
+        return self.op("Cast", [self.counts], to=TensorProto.INT32)
+
+    @_built_once
+    def source(self) -> str:
+        """[T, B]: compacted position of the latest kept step at or before t (-1 before any)."""
+        return self.op("Sub", [self.op("CumSum", [self.ints, self.const(0)]), self.const(1)])
+
+    @_built_once
+    def source_rows(self) -> str:
+        """[T, B]: ``source`` as rows of a flattened [T*B, H] output (clamped at 0)."""
+        clamped = self.op("Max", [self.source, self.const(0)])
+        return self.op("Add", [self.op("Mul", [clamped, self.time_and_batch[1]]), self.batch_index])
+
+    @_built_once
+    def steps(self) -> str:
+        """[T, 1]: 0 .. T-1."""
+        time = self.time_and_batch[0]
+        return self.builder.make_unsqueeze({"data": self.op("Range", [self.const(0), time, self.const(1)]),
+                                            "axes": [1]})
+
+    @_built_once
+    def compaction_rows(self) -> str:
+        """[T, B]: for compacted position k, the row of the flattened input to read."""
+        time, batch = self.time_and_batch
+        # kept steps first, in order: t, else T + t. Sorted as int32: tract computes on sizes in its
+        # symbolic dimension type, which its TopK cannot compare (nor multiply by a symbolic T)
+        key = self.op("Where", [self.bool, self.steps, self.op("Add", [self.steps, time])])
+        key = self.op("Cast", [key], to=TensorProto.INT32)
+        count = self.builder.make_unsqueeze({"data": time, "axes": [0]})
+        order = self.graph.make_node("TopK", [key, count], attr={"axis": 0, "largest": 0, "sorted": 1},
+                                     output_count=2).output[1]
+        return self.op("Add", [self.op("Mul", [order, batch]), self.batch_index])
+
+    @_built_once
+    def last_rows(self) -> str:
+        """[1, B]: the row of a flattened [T*B, H] output at each row's last compacted kept
+        position (count - 1, clamped at 0)."""
+        last = self.op("Max", [self.op("Sub", [self.counts, self.const(1)]), self.const(0)])
+        rows = self.op("Add", [self.op("Mul", [last, self.time_and_batch[1]]), self.batch_index])
+        return self.builder.make_unsqueeze({"data": rows, "axes": [0]})
+
+    @_built_once
+    def reversal_rows(self) -> str:
+        """[T, B]: for position k of a row with n kept steps at the front, the row of a flattened
+        [T*B, ...] tensor to read so that the kept steps come in reverse: n-1-k for k < n, k after.
+        Reversing twice is the identity. (ReverseSequence does the same; tract has no ReverseSequence.)"""
+        batch = self.time_and_batch[1]
+        counts = self.builder.make_unsqueeze({"data": self.counts, "axes": [0]})
+        flipped = self.op("Sub", [self.op("Sub", [counts, self.const(1)]), self.steps])
+        position = self.op("Where", [self.op("Less", [self.steps, counts]), flipped, self.steps])
+        return self.op("Add", [self.op("Mul", [position, batch]), self.batch_index])
+
+    @_built_once
+    def reversed_compaction_rows(self) -> str:
+        """[T, B]: :attr:`compaction_rows` with each row's kept steps in reverse (one gather of the input)."""
+        rows = self.op("Reshape", [self.compaction_rows, self.const([-1])])
+        return self.op("Gather", [rows, self.reversal_rows], axis=0)
+
+    @_built_once
+    def kept(self) -> str:
+        """[T, B, 1] bool: the kept steps."""
+        return self.builder.make_unsqueeze({"data": self.bool, "axes": [2]})
+
+    @_built_once
+    def started(self) -> str:
+        """[T, B, 1] bool: from the first kept step on."""
+        started = self.op("Greater", [self.source, self.const(-1)])
+        return self.builder.make_unsqueeze({"data": started, "axes": [2]})
+
+    @_built_once
+    def zero(self) -> str:
+        """A scalar zero of the layer's float type."""
+        return self.const(0, self.float_type_np)
+
+    @_built_once
+    def nonempty(self) -> str:
+        """[B, 1] bool: rows with at least one kept step."""
+        return self.builder.make_unsqueeze({"data": self.op("Greater", [self.counts, self.const(0)]), "axes": [1]})
+
+    def kept_at(self, step: int) -> str:
+        """[1, B, 1] bool: whether ``step`` (0 or -1) is kept."""
+        return self.op("Gather", [self.kept, self.const([step])], axis=0)
+
+    def compact(self, x: str) -> str:
+        """[T, B, F] -> the same with each row's kept steps moved to the front, in order."""
+        return self.op("Gather", [self.op("Flatten", [x], axis=2), self.compaction_rows], axis=0)
+
+    def compact_reversed(self, x: str, compacted: bool = True) -> str:
+        """[T, B, F] -> each row's kept steps at the front in reverse order (last kept step first);
+        ``compacted=False``: the kept steps are at the front already (post-padded)."""
+        rows = self.reversed_compaction_rows if compacted else self.reversal_rows
+        return self.op("Gather", [self.op("Flatten", [x], axis=2), rows], axis=0)
+
+    def unreverse(self, y: str) -> str:
+        """[T, B, H] outputs of a node run over :meth:`compact_reversed` input -> in compacted order."""
+        return self.op("Gather", [self.op("Flatten", [y], axis=2), self.reversal_rows], axis=0)
+
+    def at_last_kept(self, y: str) -> str:
+        """[1, B, H]: a node's output at each row's last compacted kept position, which is its state
+        there; zeros for a row with no kept step (as ONNX gives with sequence_lens 0)."""
+        last = self.op("Gather", [self.op("Flatten", [y], axis=2), self.last_rows], axis=0)
+        return self.op("Where", [self.nonempty, last, self.zero])
+
+    @_built_once
+    def kept_source(self) -> str:
+        """[T, B]: ``source`` at kept steps, -1 at the others."""
+        return self.op("Where", [self.bool, self.source, self.const(-1)])
+
+    @_built_once
+    def following(self) -> str:
+        """[T, B]: compacted position of the earliest kept step at or after t (the row's kept count
+        when none comes after): the kept steps before t, counted."""
+        return self.op("CumSum", [self.ints, self.const(0)], exclusive=1)
+
+    @_built_once
+    def following_rows(self) -> str:
+        """[T, B]: ``following`` as rows of a flattened [T*B, H] output (clamped at T - 1)."""
+        last = self.op("Sub", [self.time_and_batch[0], self.const(1)])
+        clamped = self.op("Min", [self.following, last])
+        return self.op("Add", [self.op("Mul", [clamped, self.time_and_batch[1]]), self.batch_index])
+
+    @_built_once
+    def ahead(self) -> str:
+        """[T, B, 1] bool: a kept step at or after t."""
+        counts = self.builder.make_unsqueeze({"data": self.counts, "axes": [0]})
+        return self.builder.make_unsqueeze({"data": self.op("Less", [self.following, counts]), "axes": [2]})
+
+    def restore_from_node(self, y: str, index: int, directions: int, output: MaskedOutput,
+                          backward: bool = False) -> str:
+        """[T, B, H]: pass ``index``'s outputs at every step, read straight from the node's Y
+        [T, directions, B, H] when the node ran with sequence_lens, so its outputs past each row's
+        kept count are zeros (onnxruntime writes them). A step with no output of its own (before the
+        row's first kept step; with ZERO, every masked step) reads the row's position -1, that is
+        T - 1: such a row has fewer than T kept steps, so that position is one of the zeros. A pass
+        that steps ``backward`` through X carries back in time: a masked step reads the next kept
+        step's position, or the row's count (a zero) when none follows. No Where over the outputs,
+        no Slice of the directions."""
+        if ("flat", y) not in self._cache:
+            self._cache[("flat", y)] = self.op("Flatten", [y], axis=3)  # [T * directions * B, H]
+        batch = self.time_and_batch[1]
+        source = (self.kept_source if output is MaskedOutput.ZERO else
+                  self.following if backward else self.source)
+        stride = batch if directions == 1 else self.op("Mul", [batch, self.const(directions)])
+        offset = self.batch_index
+        if index:
+            offset = self.op("Add", [offset, self.op("Mul", [batch, self.const(index)])])
+        rows = self.op("Add", [self.op("Mul", [source, stride]), offset])
+        return self.op("Gather", [self._cache[("flat", y)], rows], axis=0)
+
+    def restore(self, y: str, output: MaskedOutput, start: Optional[str] = None, backward: bool = False) -> str:
+        """[T, B, H] outputs at compacted positions -> Keras's outputs at every step; a carried
+        output is ``start`` ([B, H], zeros when None) before each row's first kept step, or, for a
+        pass stepping ``backward`` through X, zeros after its last one."""
+        flat = self.op("Flatten", [y], axis=2)
+        if output is MaskedOutput.ZERO:
+            spread = self.op("Gather", [flat, self.source_rows], axis=0)
+            return self.op("Where", [self.kept, spread, self.zero])
+        # selecting on the bool mask, with no float Cast: exact, and safe in float16 conversion
+        if backward:
+            return self.op("Where", [self.ahead, self.op("Gather", [flat, self.following_rows], axis=0),
+                                     self.zero])
+        spread = self.op("Gather", [flat, self.source_rows], axis=0)
+        return self.op("Where", [self.started, spread, self.zero if start is None else start])

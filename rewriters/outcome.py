@@ -1,0 +1,47 @@
+"""What became of each recurrent loop: the vocabulary the rewriter records and the report prints.
+
+It lives with the rewriters, which import nothing of the package above them; the conversion
+report (``tf2onnx_rnn.report``) is built from the :class:`Findings`, each :class:`Outcome` a
+row. Data only: nothing here runs, so nothing here can fail while the report is written.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+WHILE_OPS = ("While", "StatelessWhile")  # the TensorFlow ops a recurrent layer's loop is
+
+LOOP = "Loop"  # ``became`` of a loop left as tf2onnx's exact Loop
+REMOVED = "removed"  # ``became`` of a loop whose outputs nothing used: tf2onnx dropped it
+UNROLLED = "unrolled ops"  # ``became`` of an unrolled layer (unroll=True) left as its steps' own ops
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What became of one recurrent while-loop (or one unrolled layer)."""
+
+    loop: str  # the loop node's name in the TensorFlow graph
+    layer: str  # the Keras layer, as far as the graph's scopes tell
+    kind: str  # the cell family's Keras name, or what the name suggests when unmatched
+    direction: str  # forward / backward; empty when not known
+    became: str  # the ONNX op it became, or LOOP, REMOVED, UNROLLED
+    node: str = ""  # the ONNX node's name when fused
+    reason: str = ""  # why it was not fused
+    where: str = ""  # the node at which the matcher stopped
+    activations: str = ""
+    node_direction: str = ""  # the ONNX node's direction attribute (bidirectional when paired)
+    mask: str = ""  # for a masked layer: the mask's source and the graph form emitted
+    state_inputs: tuple = ()  # streaming: the graph inputs the layer starts from (h, then c), "" = the model's own
+    state_outputs: tuple = ()  # streaming: the graph outputs of the states it ends with
+    stateful: bool = False  # a Keras stateful=True layer
+    cell_nodes: tuple = ()  # a StackedRNNCells loop: the nodes of the cells below ``node`` (the top cell's)
+    unrolled: int = 0  # an unrolled layer (no loop; ``loop`` names its Unpack): its number of steps
+
+
+@dataclass
+class Findings:
+    """Every recurrent loop's outcome the rewriter recorded, and why it could not look at all, if it
+    could not."""
+
+    outcomes: list = field(default_factory=list)  # Outcome rows, in the order recorded
+    setup_error: str = ""  # why the rewriter could not run at all (an internal error), if it could not
+    unrolled_error: str = ""  # why unrolled layers could not even be looked for (an internal error), if so

@@ -1,0 +1,131 @@
+"""How a layer's recurrent states meet the model: wiring variants of the one emitter.
+
+:data:`MODEL_STATES`: the states the model itself gives and uses. :class:`StreamedStates`: every
+state is a graph input and a graph output, to run a sequence chunk by chunk. One is chosen per
+conversion by :func:`select_states`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Optional
+
+import numpy as np
+from onnx import helper
+
+from .description import Direction, NodeDirection, NoMatch, RecurrentLayer, StateRole
+
+class StateWiring:
+    """How a layer's recurrent states meet the model: the states the model itself gives and uses.
+
+    A wiring variant of the one emitter; :class:`StreamedStates` is the other. The emitter asks
+    the variant three things: the layer as the node will see it, what a carried output starts
+    from, and what to add once the node is built.
+    """
+
+    def prepare(self, graph, layer: RecurrentLayer) -> RecurrentLayer:
+        """``layer`` as the node is built from it."""
+        return layer
+
+    def carried_start(self, emission: "Emission", index: int) -> Optional[str]:
+        """[B, H]: what a masked pass's carried output is before its first kept step (None: zeros,
+        as Keras starts every call)."""
+        return None
+
+    def final_roles(self, layer: RecurrentLayer) -> set:
+        """The states the layer's node must give at its end: those the model uses."""
+        return {role for pass_ in layer.passes for role, _ in pass_.wiring.final_states}
+
+    def finish(self, emission: "Emission", node) -> tuple:
+        """Add what the variant needs around the built node; returns the :class:`StateIO` it added."""
+        return ()
+
+
+MODEL_STATES = StateWiring()
+
+
+@dataclass(frozen=True)
+class StateIO:
+    """One recurrent state of a streamed layer as the model's input and output."""
+
+    input: str  # graph input the layer starts from ("" when the model gives that state itself)
+    output: str  # graph output: the state the layer ends with
+
+
+class StreamedStates(StateWiring):
+    """Streaming: every state is a graph input ``<layer>/h_in`` (``c_in``) the layer starts from and
+    a graph output ``<layer>/h_out`` (``c_out``) it ends with, [batch, units] (a StackedRNNCells
+    layer's cell k: ``<layer>/cell_<k>/h_in`` ...). Feeding each call's
+    outputs as the next call's inputs runs a sequence chunk by chunk exactly as whole.
+
+    A state the model computes from its own inputs (``initial_state=``) stays the model's; a
+    constant one (zero, or a stateful layer's stored state, frozen) becomes the input. Only
+    forward passes of the main graph stream: a backward pass needs the future.
+    """
+
+    def prepare(self, graph, layer: RecurrentLayer) -> RecurrentLayer:
+        if layer.direction is not NodeDirection.FORWARD or layer.first.direction is not Direction.FORWARD:
+            raise NoMatch("cannot stream: a backward pass (Bidirectional or go_backwards) needs the whole "
+                          "sequence")
+        if graph.parent_graph is not None:
+            raise NoMatch("cannot stream: the layer runs inside another loop")
+        pass_ = layer.first
+        given = dict(pass_.wiring.initial_states)
+        states = []
+        for role in pass_.kind.state_roles:
+            tensor = given.get(role)
+            if tensor is not None and role not in pass_.wiring.constant_states:
+                states.append((role, tensor))
+                continue
+            name = self.name(pass_, role, "in")
+            require_free(graph, name)
+            graph.add_graph_input(name, helper.np_dtype_to_tensor_dtype(np.dtype(pass_.dtype)),
+                                  [_batch_of(graph, layer.x), pass_.hidden_size])
+            states.append((role, name))
+        streamed = replace(pass_, wiring=replace(pass_.wiring, initial_states=tuple(states), constant_states=()))
+        return replace(layer, passes=(streamed,))
+
+    def final_roles(self, layer: RecurrentLayer) -> set:
+        return super().final_roles(layer) | set(layer.first.kind.state_roles)  # every state is an output
+
+    def carried_start(self, emission: "Emission", index: int) -> Optional[str]:
+        # in a whole sequence a masked step repeats the last kept step's output, which is the state
+        # carried in (zero only where the stream starts)
+        tensor = dict(emission.layer.passes[index].wiring.initial_states).get(StateRole.HIDDEN)
+        return tensor if tensor == self.name(emission.layer.passes[index], StateRole.HIDDEN, "in") else None
+
+    def finish(self, emission: "Emission", node) -> tuple:
+        pass_, graph = emission.layer.first, emission.graph
+        given = dict(pass_.wiring.initial_states)
+        added = []
+        for role in pass_.kind.state_roles:
+            name = self.name(pass_, role, "out")
+            require_free(graph, name)
+            graph.make_node("Identity", [emission.final_state(node, 0, role)], outputs=[name])
+            graph.add_graph_output(name, helper.np_dtype_to_tensor_dtype(np.dtype(pass_.dtype)),
+                                   [_batch_of(graph, emission.layer.x), pass_.hidden_size])
+            streamed_in = self.name(pass_, role, "in")
+            added.append(StateIO(streamed_in if given.get(role) == streamed_in else "", name))
+        return tuple(added)
+
+    @staticmethod
+    def name(pass_, role: StateRole, end: str) -> str:
+        """``<layer>/h_in`` ...; a stack's cells are ``<layer>/cell_<k>/h_in`` ..."""
+        cell = f"/cell_{pass_.stack[0]}" if pass_.stacked else ""
+        return f"{pass_.name}{cell}/{role.value}_{end}"
+
+
+def require_free(graph, name: str) -> None:
+    """A streamed state's name must not be taken (two layers of one name, or a model tensor)."""
+    if graph.get_node_by_output(name) is not None:
+        raise NoMatch(f"cannot stream: the name {name} is already taken in the graph")
+
+
+def _batch_of(graph, x: str) -> int:
+    """The batch size of a time-major input [T, B, F], -1 when dynamic."""
+    shape = graph.get_shape(x) or []
+    return shape[1] if len(shape) == 3 and shape[1] is not None and shape[1] > 0 else -1
+
+
+def select_states(streaming: bool) -> StateWiring:
+    """The state wiring of a conversion: streamed states, or the model's own."""
+    return StreamedStates() if streaming else MODEL_STATES

@@ -1,0 +1,237 @@
+"""A live Keras model as a source: traced as ``model(x, training=False)`` and frozen.
+
+Keras 3, tf_keras, or TensorFlow 2.15's Keras 2. Without an input signature the model's own
+inputs are taken with a dynamic batch. Each loop is named after its Keras layer: the scope each
+recurrent layer's ``call`` runs in is recorded while tracing.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Optional
+
+from ..errors import ConversionError, first_line, param
+from ..keras_layers import recurrent_layers, stateful_layers
+from . import Frozen, Source, check_input_shape
+
+
+def _tf():
+    import tensorflow as tf  # imported late: it takes seconds
+
+    return tf
+
+
+class KerasModel(Source):
+    """A Keras model object, converted as ``model(x, training=False)``."""
+
+    kind = "keras_model"
+    options = ("input_signature",)
+
+    def __init__(self, model, input_signature=None):
+        self.model, self.input_signature = model, input_signature
+
+    def prepared(self, options):
+        """A model with stateful layers streams (unless streaming is refused, which cannot be exact)."""
+        stateful = stateful_layers(self.model)
+        if stateful and options.streaming is False:
+            raise ConversionError(f"stateful layer(s) {', '.join(stateful)}: without streaming the ONNX model "
+                                  "could not carry their states from one call to the next as Keras does; "
+                                  "convert with streaming (the default for stateful models)")
+        if stateful and options.streaming is None:
+            return dataclasses.replace(options, streaming=True)
+        return options
+
+    def freeze(self, options) -> Frozen:
+        return freeze_keras(self.model, self.input_signature, options)
+
+    def verify(self, model_proto, tolerance: float):
+        from ..verify import verify_keras
+
+        return verify_keras(self.model, model_proto, tolerance=tolerance)
+
+
+def keras_input_signature(model) -> list:
+    """TensorSpecs for a Keras model's inputs, with a dynamic batch and the model's input names.
+
+    Dimensions the model leaves dynamic stay dynamic. A model with stateful layers keeps its
+    batch size: Keras fixes it for them.
+    """
+    tf = _tf()
+    inputs = _model_inputs(model)
+    keep_batch = bool(stateful_layers(model))
+    specs = []
+    for index, tensor in enumerate(inputs):
+        shape = [None if d is None else int(d) for d in tensor.shape]
+        if shape and not keep_batch:
+            shape[0] = None
+        specs.append(tf.TensorSpec(shape, _dtype_of(tensor), name=_input_name(tensor, index)))
+    return specs
+
+
+def _model_inputs(model) -> list:
+    try:
+        inputs = model.inputs
+    except (AttributeError, ValueError):  # Keras 3 before 3.6 raises for an unbuilt Sequential
+        inputs = None
+    if not inputs:
+        raise ConversionError("the Keras model has no defined inputs: build it (or call it once) "
+                              f"or pass {param('input_signature')}")
+    return list(inputs)
+
+
+def _input_name(tensor, index: int) -> str:
+    return (getattr(tensor, "name", None) or f"input_{index}").split(":")[0]
+
+
+def _dtype_of(tensor):
+    return _tf().as_dtype(getattr(tensor.dtype, "name", tensor.dtype))
+
+
+def checked_signature(model, input_signature, given_by: str = param("input_signature")) -> list:
+    """``input_signature`` checked against the model's inputs (count, rank, fixed dimensions),
+    with the model's input names where a spec has none. None gives :func:`keras_input_signature`.
+    ``given_by`` names what gave the shapes, in messages."""
+    if input_signature is None:
+        return keras_input_signature(model)
+    tf = _tf()
+    specs = list(input_signature) if isinstance(input_signature, (list, tuple)) else [input_signature]
+    inputs = _model_inputs(model)
+    if len(specs) != len(inputs):
+        raise ConversionError(f"{param('input_signature')} has {len(specs)} spec(s), the model takes "
+                              f"{len(inputs)} input(s)")
+    checked = []
+    for index, (spec, tensor) in enumerate(zip(specs, inputs)):
+        if not isinstance(spec, tf.TensorSpec):
+            raise ConversionError(f"{param('input_signature')}[{index}] is not a tf.TensorSpec: {spec!r}")
+        name = _input_name(tensor, index)
+        want = [None if d is None else int(d) for d in tensor.shape]
+        if spec.shape.rank is None:
+            raise ConversionError(f"input {name}: {given_by} gives no rank; the model takes shape {want}")
+        check_input_shape(name, spec.shape.as_list(), want, given_by)
+        checked.append(tf.TensorSpec(spec.shape, spec.dtype, name=spec.name or name))
+    return checked
+
+
+def signature_with_shapes(model, shapes: dict) -> list:
+    """The model's signature with the shapes given by input name (``-1``/None = dynamic; a name
+    with shape None keeps the model's shape)."""
+    specs = keras_input_signature(model)
+    known = {spec.name for spec in specs}
+    unknown = sorted(set(shapes) - known)
+    if unknown:
+        raise ConversionError(f"unknown name {unknown[0]!r} in {param('inputs')}; the model's inputs are: "
+                              f"{', '.join(spec.name for spec in specs)}")
+    tf = _tf()
+    return checked_signature(model, [
+        tf.TensorSpec([None if d is None or d < 0 else d for d in shapes[s.name]], s.dtype, name=s.name)
+        if shapes.get(s.name) is not None else s for s in specs], given_by=param("inputs"))
+
+
+def freeze_keras(model, input_signature, options) -> Frozen:
+    """Trace ``model(x, training=False)`` and freeze it with tf2onnx's Keras loader path.
+
+    Captured constants (a Normalization layer's mean, a position table) stay constants: only
+    the signature's tensors become graph inputs.
+    """
+    from tf2onnx import tf_loader
+    from tf2onnx.convert import tensor_names_from_structed
+
+    tf = _tf()
+    if options.inputs and input_signature is not None:
+        raise ConversionError(f"{param('input_signature')} and {param('inputs')} exclude each other: give the "
+                              "shapes in one of them")
+    signature = (signature_with_shapes(model, options.inputs) if options.inputs
+                 else checked_signature(model, input_signature))
+    keras_names = _unique([str(n) for n in (getattr(model, "output_names", None) or [])])
+    order: list = []
+    scopes: dict = {}
+
+    @tf.autograph.experimental.do_not_convert
+    def keyed(flat: list) -> dict:
+        keys = keras_names if len(keras_names) == len(flat) else [f"output_{i}" for i in range(len(flat))]
+        order[:] = keys
+        return dict(zip(keys, flat))
+
+    @tf.function(input_signature=signature)
+    def serve(*args):
+        with _recording_layer_scopes(model, scopes):
+            result = model(list(args) if len(args) > 1 else args[0], training=False)
+        return keyed(tf.nest.flatten(result))
+
+    try:
+        concrete = serve.get_concrete_function()
+    except (ValueError, TypeError) as error:
+        raise ConversionError(f"cannot trace the Keras model with this signature: {first_line(error)}") from error
+    captured = _captured_input_names(concrete)
+    inputs = [t.name for t in concrete.inputs if t.name not in captured and t.dtype != tf.dtypes.resource]
+    outputs = [t.name for t in concrete.outputs if t.dtype != tf.dtypes.resource]
+    renames = tensor_names_from_structed(concrete, inputs, outputs)
+    by_key = {key: tensor for tensor, key in renames.items() if tensor in outputs}
+    outputs = [by_key[key] for key in order if key in by_key] or outputs
+    with tf.device("/cpu:0"):
+        try:
+            graph_def, tables = tf_loader.from_trackable(model, concrete, inputs, outputs, options.large_model)
+        except ValueError as error:  # tf2onnx's words for a graph over protobuf's 2 GB
+            if "protobuf size of 2GB" not in str(error):
+                raise
+            raise ConversionError("the model is over 2 GB, protobuf's limit: convert it with "
+                                  f"{param('large_model')}") from error
+    return Frozen(graph_def, getattr(model, "name", "keras"), inputs, outputs, renames, tables,
+                  functools.partial(_layer_of_scope, scopes), stateful_layers=stateful_layers(model))
+
+
+def _unique(names: list) -> list:
+    seen, result = {}, []
+    for name in names:
+        seen[name] = seen.get(name, -1) + 1
+        result.append(name if not seen[name] else f"{name}_{seen[name]}")
+    return result
+
+
+def _captured_input_names(concrete) -> set:
+    """Names of a concrete function's inputs that are captures (variables, constants), not arguments."""
+    graph = concrete.graph
+    if hasattr(graph, "_captures"):  # older TensorFlow
+        return {placeholder.name for _, placeholder in graph._captures.values()}  # pylint: disable=protected-access
+    return {t.name for t in graph.function_captures.by_val_internal.values()}
+
+
+class _recording_layer_scopes:
+    """While tracing, note the name scope each recurrent layer's ``call`` runs in (scope -> name).
+
+    The ops a layer creates carry that scope, whatever suffix tracing gave it, so a loop is
+    named after its Keras layer exactly (a Bidirectional's halves after the Bidirectional).
+    Only the recurrent layers' own ``call`` is wrapped: a wrapper's (Bidirectional's) is left
+    alone, since tf_keras reads its arguments from it.
+    """
+
+    def __init__(self, model, scopes: dict):
+        self.layers, self.scopes = recurrent_layers(model), scopes
+
+    def __enter__(self):
+        for layer, name in self.layers.items():
+            object.__setattr__(layer, "call", self._recording(name, layer.call))
+        return self
+
+    def _recording(self, name: str, call):
+        scopes = self.scopes
+
+        @functools.wraps(call)
+        def recording(*args, **kwargs):
+            scope = _tf().compat.v1.get_default_graph().get_name_scope()
+            if scope:
+                scopes.setdefault(scope, name)
+            return call(*args, **kwargs)
+
+        return recording
+
+    def __exit__(self, *exc):
+        for layer in self.layers:
+            layer.__dict__.pop("call", None)
+        return False
+
+
+def _layer_of_scope(scopes: dict, loop_name: str) -> Optional[str]:
+    """The report name of the recurrent layer whose call scope (the innermost) holds ``loop_name``."""
+    holding = [scope for scope in scopes if loop_name.startswith(scope + "/")]
+    return scopes[max(holding, key=len)] if holding else None

@@ -1,0 +1,109 @@
+"""A SavedModel directory as a source: one signature (or concrete function), frozen by tf2onnx.
+
+``tf.saved_model.save``, Keras 3's ``model.export`` and tf_keras's ``save`` all give one. Its
+rows are named from the graph's scopes: a SavedModel has no Keras layers left.
+"""
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+from ..errors import ConversionError, first_line, param
+from . import Frozen, Source, check_input_shape, placeholder_shapes, resolve_names
+from .keras_file import KERAS_EXTENSIONS
+
+
+class SavedModel(Source):
+    """A SavedModel directory, with the signature (or concrete function) and tag to convert."""
+
+    kind = "saved_model"
+    options = ("signature_def", "tag", "concrete_function")
+
+    def __init__(self, path: str, signature_def: Optional[str] = None, tag: Optional[str] = None,
+                 concrete_function: Optional[int] = None):
+        self.path, self.signature_def, self.tag, self.concrete_function = path, signature_def, tag, concrete_function
+
+    def check(self) -> None:
+        if self.signature_def is not None and self.concrete_function is not None:
+            raise ConversionError(f"{param('signature_def')} and {param('concrete_function')} exclude each other")
+        if self.concrete_function is not None and (isinstance(self.concrete_function, bool)
+                                                   or self.concrete_function < 0):
+            raise ConversionError(f"{param('concrete_function')} is an index from 0, got {self.concrete_function}")
+        check_saved_model_dir(self.path)
+
+    def freeze(self, options) -> Frozen:
+        return freeze_saved_model(self.path, self.signature_def, self.tag, self.concrete_function, options)
+
+    def verify(self, model_proto, tolerance: float):
+        from ..verify import verify_saved_model
+
+        return verify_saved_model(self.path, model_proto, signature_def=self.signature_def, tag=self.tag,
+                                  tolerance=tolerance)
+
+
+def check_saved_model_dir(path: str) -> None:
+    """Raise :class:`ConversionError` unless ``path`` is a SavedModel directory."""
+    if not os.path.exists(path):
+        raise ConversionError(f"no such SavedModel directory: {path}")
+    if not os.path.isdir(path):
+        hint = f" (use {param('keras_file')} for Keras files)" if path.lower().endswith(KERAS_EXTENSIONS) else ""
+        raise ConversionError(f"{param('saved_model')} needs a directory, got a file: {path}{hint}")
+    if not any(os.path.exists(os.path.join(path, f)) for f in ("saved_model.pb", "saved_model.pbtxt")):
+        raise ConversionError(f"not a SavedModel directory (no saved_model.pb): {path}")
+
+
+def freeze_saved_model(path: str, signature_def: Optional[str], tag: Optional[str],
+                       concrete_function: Optional[int], options) -> Frozen:
+    from tf2onnx import tf_loader
+
+    tags = _tags(path)
+    if tag is not None and tag not in tags:
+        raise ConversionError(f"unknown tag {tag!r}; the SavedModel has: "
+                              f"{', '.join(sorted(tags)) or 'none'}")
+    signatures = _signature_names(path, tag)
+    if signature_def is not None and signature_def not in signatures:
+        raise ConversionError(f"unknown signature_def {signature_def!r}; the SavedModel has: "
+                              f"{', '.join(sorted(signatures)) or 'none'}")
+    try:
+        graph_def, inputs, outputs, tables, renames = tf_loader.from_saved_model(
+            path, None, None, tag, [signature_def] if signature_def else None, concrete_function,
+            options.large_model, return_initialized_tables=True, return_tensors_to_rename=True)
+    except Exception as error:  # tf2onnx and TensorFlow raise many kinds here
+        raise ConversionError(f"cannot load SavedModel {path}: {first_line(error)}") from error
+    override = None
+    if options.inputs:
+        override = _shape_override(options.inputs, inputs, renames, placeholder_shapes(graph_def))
+    return Frozen(graph_def, path, inputs, outputs, renames, tables, shape_override=override)
+
+
+def _shape_override(shapes: dict, inputs: list, renames: dict, model_shapes: dict) -> dict:
+    """Graph tensor -> shape for inputs named by their signature name or their graph tensor name,
+    each checked against the shape the model gives the input (``model_shapes``, by graph tensor)."""
+    tensors = resolve_names(shapes, inputs, "inputs", "inputs", renames)
+    override = {}
+    for (name, shape), tensor in zip(shapes.items(), tensors):
+        if shape is None:  # named only: keeps the model's shape
+            continue
+        check_input_shape(name, shape, model_shapes.get(tensor), param("inputs"))
+        override[tensor] = [None if d is None else int(d) for d in shape]  # as tf2onnx's --inputs: None = dynamic
+    return override
+
+
+def _tags(path: str) -> set:
+    from tensorflow.python.tools import saved_model_utils
+
+    try:
+        return {tag for meta in saved_model_utils.read_saved_model(path).meta_graphs
+                for tag in meta.meta_info_def.tags}
+    except Exception as error:  # noqa: BLE001
+        raise ConversionError(f"cannot read SavedModel {path}: {first_line(error)}") from error
+
+
+def _signature_names(path: str, tag: Optional[str]) -> set:
+    from tensorflow.python.tools import saved_model_utils
+
+    names = set()
+    for meta in saved_model_utils.read_saved_model(path).meta_graphs:
+        if tag is None or tag in meta.meta_info_def.tags:
+            names.update(k for k in meta.signature_def.keys() if not k.startswith("__"))
+    return names

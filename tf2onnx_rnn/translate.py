@@ -1,0 +1,145 @@
+"""tf2onnx's conversion of a frozen graph, with the recurrent rewriter plugged into it.
+
+The rewriter is built with the variants chosen for the conversion (the mask form, the state
+wiring) and handed to tf2onnx through its ``custom_rewriter`` hook; input/output renames and
+NHWC <-> NCHW transposes are resolved against the frozen graph's names first, so a bad name is
+refused before anything is converted.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Sequence
+
+import onnx
+
+from .errors import ConversionError, first_line, param
+from .options import Options
+from .probes import default_opset
+from .rewriters.outcome import Findings
+from .sources import Frozen, placeholder_shapes, resolve_names
+
+logger = logging.getLogger("tf2onnx_rnn")
+
+
+def to_onnx(frozen: Frozen, options: Options, findings: Findings) -> onnx.ModelProto:
+    """Convert ``frozen`` with tf2onnx and the rewriter, which records what became of each loop in
+    ``findings``. A failure of tf2onnx itself on the graph is a :class:`ConversionError`."""
+    from . import handlers
+
+    handlers.ensure_registered()
+    rewriter = _rewriter(frozen, options, findings)
+    kwargs, nchw = _tf2onnx_arguments(frozen, options)
+    kwargs["custom_rewriter"] = ([rewriter] if rewriter else []) + list(options.custom_rewriter)
+    import tensorflow as tf
+
+    with tf.device("/cpu:0"):
+        try:
+            if options.large_model:
+                model_proto = _convert_large(frozen.graph_def, **kwargs)
+            else:
+                from tf2onnx import convert as tf2onnx_convert
+
+                model_proto, _ = tf2onnx_convert._convert_common(frozen.graph_def, **kwargs)  # tf2onnx's own road
+        except ConversionError:
+            raise
+        except Exception as error:  # tf2onnx's own failure on this graph (say, a type its onnx cannot hold)
+            raise ConversionError(f"tf2onnx cannot convert this model: {type(error).__name__}: "
+                                  f"{first_line(error)}") from error
+    _check_nchw(_io_ranks(model_proto), nchw)
+    return model_proto
+
+
+def _rewriter(frozen: Frozen, options: Options, findings: Findings):
+    """The rewriter for the conversion, or None when the rewriter package cannot give one: its
+    ``make_rewriter`` guards what it builds, this guards importing and calling it (the conversion
+    then goes on without fusing, exact, and every recurrent loop's row says why)."""
+    try:
+        from .rewriters.pipeline import make_rewriter  # imported late: it imports tf2onnx, hence TensorFlow
+
+        return make_rewriter(findings, frozen.layer_names, portable=options.portable,
+                             post_padded=options.assume_post_padded, streaming=bool(options.streaming))
+    except Exception as error:  # noqa: BLE001 - the conversion goes on without fusing, exact
+        findings.setup_error = f"internal error while setting up the rewriter: {type(error).__name__}: {error}"
+        logger.warning("recurrent layers stay Loops: %s", findings.setup_error)
+        return None
+
+
+def _tf2onnx_arguments(frozen: Frozen, options: Options) -> tuple:
+    """tf2onnx's keyword arguments for ``frozen``, and the inputs/outputs to transpose (option ->
+    their names in the ONNX model)."""
+    shape_override = {**(frozen.shape_override or {}), **(options.shape_override or {})}
+    renames = dict(frozen.tensors_to_rename or {})
+    renames.update(_renames(frozen.input_names, options.rename_inputs, "inputs", renames))
+    renames.update(_renames(frozen.output_names, options.rename_outputs, "outputs", renames))
+    kwargs = dict(name=frozen.name, continue_on_error=True, opset=default_opset(options.opset),
+                  input_names=frozen.input_names, output_names=frozen.output_names, tensors_to_rename=renames,
+                  initialized_tables=frozen.initialized_tables, shape_override=shape_override or None,
+                  **options.tf2onnx_options())
+    nchw = {}  # option -> the names it transposes, as in the ONNX model
+    for option, tensors, kind in (("inputs_as_nchw", frozen.input_names, "inputs"),
+                                  ("outputs_as_nchw", frozen.output_names, "outputs")):
+        names = getattr(options, option)
+        if names:
+            chosen = resolve_names(names, tensors, option, kind, frozen.tensors_to_rename or {}, renames)
+            kwargs[option] = chosen
+            nchw[option] = [renames.get(t, t) for t in chosen]
+    if "inputs_as_nchw" in nchw:  # tf2onnx fails on an input of unknown rank: check before converting
+        known = {**placeholder_shapes(frozen.graph_def), **shape_override}
+        _check_nchw({renames.get(t, t): None if known.get(t) is None else len(known[t]) for t in frozen.input_names},
+                    {"inputs_as_nchw": nchw["inputs_as_nchw"]})
+    return kwargs, nchw
+
+
+def _convert_large(graph_def, name: str, custom_ops=None, custom_op_handlers=None, optimizers=None,
+                   **kwargs) -> onnx.ModelProto:
+    """tf2onnx's conversion of a large frozen graph: the steps of its ``_convert_common`` with
+    ``large_model``, every tensor kept in the returned model proto.
+
+    As in tf2onnx, the graph's big constants are taken out before TensorFlow imports it (a graph
+    def over 2 GB cannot be imported) and handed to tf2onnx beside it. tf2onnx's external tensor
+    storage is not used: tf2onnx 1.17 fails in it under numpy 2, and ``output.save_model`` writes
+    the external data file itself.
+    """
+    import tensorflow as tf
+    from tf2onnx import optimizer
+    from tf2onnx.convert import make_default_custom_op_handler
+    from tf2onnx.tf_utils import compress_graph_def
+    from tf2onnx.tfonnx import process_tf_graph
+
+    if custom_ops:
+        custom_op_handlers = dict(custom_op_handlers or {})
+        custom_op_handlers.update({op: (make_default_custom_op_handler(domain), [])
+                                   for op, domain in custom_ops.items()})
+    with tf.Graph().as_default() as tf_graph:
+        const_node_values = compress_graph_def(graph_def)
+        tf.import_graph_def(graph_def, name="")
+        graph = process_tf_graph(tf_graph, const_node_values=const_node_values,
+                                 custom_op_handlers=custom_op_handlers, **kwargs)
+        # as tf2onnx for large models: an optimizer failure is raised, not undone on a copy of the graph
+        onnx_graph = optimizer.optimize_graph(graph, catch_errors=False, optimizers=optimizers)
+        return onnx_graph.make_model(f"converted from {name}")
+
+
+def _io_ranks(model_proto: onnx.ModelProto) -> dict:
+    """Rank (None if unknown) of each graph input and output, by name."""
+    return {value.name: (len(value.type.tensor_type.shape.dim) if value.type.tensor_type.HasField("shape") else None)
+            for value in list(model_proto.graph.input) + list(model_proto.graph.output)}
+
+
+def _check_nchw(ranks: dict, nchw: dict) -> None:
+    """tf2onnx transposes only rank-4 inputs and outputs and skips others with a log line: refuse them."""
+    for option, names in nchw.items():
+        for name in names:
+            if ranks.get(name) != 4:
+                rank = "unknown rank" if ranks.get(name) is None else f"rank {ranks[name]}"
+                raise ConversionError(f"{param(option)}: {name} has {rank}; NHWC <-> NCHW takes rank 4")
+
+
+def _renames(names: list, new_names: Sequence[str], what: str, renames: dict) -> dict:
+    if not new_names:
+        return {}
+    if len(new_names) != len(names):
+        shown = ", ".join(renames.get(n, n) for n in names)
+        raise ConversionError(f"{param('rename_' + what)} gives {len(new_names)} name(s), the model has "
+                              f"{len(names)} {what}: {shown}")
+    return dict(zip(names, new_names))
