@@ -10,8 +10,13 @@ weight is random, biases included. For each model:
 - every pass of every layer has a report row that names its native node and says it was
   unrolled over the model's steps, and the graph keeps no MatMul (no step of any cell is left)
   and no Loop;
+- a Bidirectional layer, masked or not, is one bidirectional node, as when it is rolled (Keras
+  zeroes a masked unrolled Bidirectional's outputs after stacking them, with the mask in time order
+  for the backward half too: its carried outputs must come back in time exactly);
 - sequences of two steps (whose first step is the one the others are compared with) and a fixed
-  batch of one fuse too.
+  batch of one fuse too, and so do Keras 3's ``hard_sigmoid`` (``relu6(x + 3) / 6``, whose ``+ 3``
+  TensorFlow folds into the step's sum and whose ``/ 6`` is the step's last product) and tf_keras's;
+- the post-padded and portable forms of every masked layer are exact too.
 """
 from __future__ import annotations
 
@@ -123,7 +128,11 @@ def batch(case: Case, seed: int) -> list:
     return [x] + states
 
 
-CASES = [Case(variant, 5) for variant in VARIANTS] + [Case(Variant("LSTM"), 2), Case(Variant("GRU"), 2)]
+HARD_SIGMOID = (Variant("SimpleRNN", (("activation", "hard_sigmoid"),)),
+                Variant("LSTM", (("recurrent_activation", "hard_sigmoid"),)),
+                Variant("GRU", (("recurrent_activation", "hard_sigmoid"), ("activation", "hard_sigmoid"))))
+CASES = ([Case(variant, 5) for variant in VARIANTS] + [Case(Variant("LSTM"), 2), Case(Variant("GRU"), 2)]
+         + [Case(variant, time) for variant in HARD_SIGMOID for time in (2, 5)])
 PARAMS = [pytest.param(flavor, case, id=f"{case.id}-{flavor}") for case in CASES for flavor in parity.FLAVORS]
 
 
@@ -159,6 +168,15 @@ def test_every_pass_is_one_native_node_and_no_step_is_left(flavor, case):
     ops = helpers.op_counts(entry.proto)
     assert not ops["MatMul"] and not any(ops[o] for o in helpers.LOOP_OPS), f"{dict(ops)}\n{table}"
     assert f"unrolled, {case.time} steps" in table
+    by_layer: dict = {}
+    for row in rows:
+        by_layer.setdefault(row.layer, []).append(row)
+    bidirectional = [layer for layer in by_layer if layer.endswith(("_bi", "_bi_last"))]
+    assert len(bidirectional) == 3, table
+    for layer in bidirectional:  # one bidirectional node, as the rolled layer
+        pair = by_layer[layer]
+        assert len(pair) == 2 and pair[0].node == pair[1].node, table
+        assert {r.node_direction for r in pair} == {"bidirectional"}, table
 
 
 @pytest.mark.parametrize("flavor", parity.FLAVORS)
@@ -234,3 +252,32 @@ def test_an_unrolled_stack_of_cells_stays_as_its_ops_with_the_reason(flavor):
     arrays = batch(Case(Variant("LSTM"), 4), 3)[:1]
     (actual,) = helpers.ort_session(proto).run(None, {"x": arrays[0]})
     np.testing.assert_allclose(actual, parity.keras_outputs(model, arrays)[0], rtol=0, atol=TOLERANCE)
+
+
+FORMS = {"post-padded": dict(assume_post_padded=True), "portable": dict(target="portable")}
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("flavor", parity.FLAVORS)
+@pytest.mark.parametrize("variant", VARIANTS, ids=[v.id for v in VARIANTS])
+def test_other_mask_forms_of_unrolled_layers(variant, flavor, form):
+    """The leaner post-padded graph (fed rows whose kept steps come first: full, post-padded, empty)
+    and the portable one (any rows) are exact for every masked unrolled form, Bidirectional included."""
+    from tf2onnx_rnn import convert_keras, report_of
+
+    case = Case(variant, 5)
+    model = build(flavor, case)
+    proto = convert_keras(model, **FORMS[form])
+    arrays = batch(case, 13)
+    if form == "post-padded":
+        arrays = [a[[0, 1, 4, 5]] for a in arrays]
+    names = ["x"] + [f"init_{s}" for s in helpers.STATE_NAMES[variant.kind]]
+    expected = parity.keras_outputs(model, arrays)
+    actual = parity.run_onnx(helpers.ort_session(proto), names, arrays)
+    problems, _ = parity.output_problems(f"{case.id}-{form}", [o.name for o in proto.graph.output], expected, actual,
+                                         TOLERANCE)
+    assert not problems, "\n".join(problems) + "\n" + parity.report_table(proto)
+    rows = report_of(proto).outcomes
+    assert len(rows) == passes_of(flavor, case) and all(r.unrolled == case.time for r in rows), \
+        parity.report_table(proto)
+    assert not any(helpers.op_counts(proto)[o] for o in helpers.LOOP_OPS)
