@@ -3,7 +3,8 @@
 The chain is found and its steps labelled by :mod:`.chains`; every step is mapped onto a template
 step by :mod:`.steps`. Here the chain is read: the cell matchers read the template step through a
 :class:`StepView`, exactly as they read a loop body, so the chain is fused only into the cell they
-recognise; a first step TensorFlow folded is checked against that cell's own step equation; and
+recognise; a first or last step TensorFlow rearranged is checked against that cell's own step
+equation (:mod:`.step_values`); and
 what the chain leaves to the rest of the graph must be what the node gives (the stacked outputs,
 the last output and the final states). The pass is built from the same pieces as a loop's
 (:mod:`.adapt`), so the one emitter builds the same single native node.
@@ -15,15 +16,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable, Optional, Sequence
 
-import numpy as np
-
-from .activations import function_of
 from .adapt import gate_weights, initial_states, is_zero, mask_wiring, require_not_graph_outputs, reversals
 from .body import BodyView
 from .chains import NO_STEP, STACKS, Chain, Labels, projections, topological
 from .description import BodyMatch, Direction, NoMatch, Pass, StackMatch, StateRole, Wiring, require
-from .evaluate import NotEvaluable, evaluate
 from .skeleton import Skeleton, unmask
+from .step_values import first_step_from_zero, no_loop_values, rearranged_last_step
 from .steps import ZERO_MAKERS, Mode, StepMap, Template, identity_map
 
 _VARYING = -1  # a StepView "slot" for the step's input and mask: not constant, not a state
@@ -79,6 +77,15 @@ def read_chain(graph, chain: Chain, match_cell: MatchCell) -> ChainReading:
     members = set().union(*(set(m.images) for m in maps.values())) | template.names
     starts = [graph.get_node_by_output(t) for t in initial.values() if t]
     members |= {node.name for node in starts if node is not None and node.type in ZERO_MAKERS}
+    before_last = maps[chain.length - 2]
+    rearranged = rearranged_last_step(graph, chain, labels, match, template, maps,
+                                      [before_last.tensors[leaf] for leaf in leaves])
+    if rearranged is not None:  # the last step's values, checked by the step equation
+        found, region = rearranged
+        output_slot = match.masking.output_slot if match.masking else dict(match.states)[StateRole.HIDDEN]
+        outputs = outputs[:-1] + (found.get(output_slot),)
+        final = {slot: tensor for slot, tensor in found.items() if slot in {s for _, s in match.states}}
+        members |= region
     return ChainReading(match=match, outputs=outputs, initial=initial, final=final, nodes=frozenset(members))
 
 
@@ -102,8 +109,14 @@ def _map_later_steps(chain: Chain, template: Template, first: int) -> tuple:
     one reads what the step before left. Returns (step -> StepMap, leaves)."""
     graph, length = template.graph, chain.length
     maps = {first: identity_map(template.nodes)}
-    following = template.map(chain.steps[first + 1], _step_mask(chain, first + 1), Mode.DISCOVER,
-                             partial=first + 2 == length)
+    mask, partial = _step_mask(chain, first + 1), first + 2 == length
+    following = template.map(chain.steps[first + 1], mask, Mode.DISCOVER, partial=partial)
+    selected = _selected_states(template) if chain.mask else {}
+    if len(selected) > len(following.states):
+        # the next step is the last, and TensorFlow rearranged it past where it reads a state: a masked
+        # template says its states itself (each update is Select(mask, new, state))
+        following = template.map(chain.steps[first + 1], mask, Mode.CHAIN, dict(selected), partial=partial)
+        following.states.update(selected)
     template.state_inputs = sorted(following.states)
     require(bool(template.state_inputs), "no state passes from one unrolled step to the next (a first step of "
             "two whose zero states TensorFlow folded away)", chain.unpack)
@@ -119,6 +132,34 @@ def _map_later_steps(chain: Chain, template: Template, first: int) -> tuple:
         maps[k] = template.map(chain.steps[k], _step_mask(chain, k), Mode.CHAIN, fixed, partial=k == length - 1)
         template.taken |= set(maps[k].images)
     return maps, leaves
+
+
+_MASK_BROADCASTS = frozenset({"Tile", "ExpandDims", "Reshape", "Cast", "Identity", "BroadcastTo"})
+
+
+def _selected_states(template: Template) -> dict:
+    """A masked template's states, read from its masked updates ``Select(mask, new, old)`` whose
+    ``old`` comes from outside the step (or is the zeros a masked output starts from): old -> the
+    update."""
+    graph, found = template.graph, {}
+    for node in template.nodes:
+        if node.type not in ("SelectV2", "Select") or not _from_mask(graph, node.input[0], template.mask_t):
+            continue
+        old = node.input[2]
+        producer = graph.get_node_by_output(old)
+        if producer is None or producer.name not in template.names or producer.type in ZERO_MAKERS:
+            found.setdefault(old, node.output[0])
+    return found
+
+
+def _from_mask(graph, tensor: str, mask_t: Optional[str]) -> bool:
+    """Whether ``tensor`` is the step's mask, broadcast or cast."""
+    while tensor != mask_t:
+        node = graph.get_node_by_output(tensor)
+        if node is None or node.type not in _MASK_BROADCASTS:
+            return False
+        tensor = node.input[0]
+    return True
 
 
 def _initial(graph, chain: Chain, template: Template, match: BodyMatch, maps: dict, leaves: list) -> dict:
@@ -171,63 +212,6 @@ def _output_of(match: BodyMatch, leaves: list) -> str:
     return leaves[dict(match.states)[StateRole.HIDDEN]]
 
 
-# -- a first step TensorFlow folded ------------------------------------------------------------
-_PROBE_ROUNDS = (1.0, 3.0)  # scales of the random inputs the first step is checked on
-# how close the first step's values must come to the cell's, by the type it computes in (a few
-# units of its last place)
-_PROBE_TOLERANCES = {"float16": 4e-3, "bfloat16": 3e-2}
-_PROBE_TOLERANCE = 1e-5
-
-
-def first_step_from_zero(graph, chain: Chain, match: BodyMatch, leaves: Sequence[str], differs: NoMatch) -> None:
-    """Check that the first step's values (``leaves``, per state slot) are the matched cell applied
-    to zero states: computed from the graph on random inputs and masks, and from the weights by
-    the cell's own step equation. :class:`NoMatch` (``differs``'s reason) unless every value agrees."""
-    require(match.kind.step is not None, f"{differs.reason}, and the {match.kind.keras_name} cell gives no step "
-            "equation to check it against", differs.node)
-    x_t, mask_t = chain.steps[0], _step_mask(chain, 0)
-    shape = graph.get_shape(x_t) or []
-    batch = shape[0] if len(shape) == 2 and shape[0] and shape[0] > 0 else 3
-    weights = gate_weights(match, _no_loop_values(chain), chain.unpack)
-    dtype = np.dtype(weights["dtype"])
-    rng = np.random.default_rng(0)
-    tolerance = _PROBE_TOLERANCES.get(dtype.name, _PROBE_TOLERANCE)
-    roles = dict((slot, role) for role, slot in match.states)
-    for scale in _PROBE_ROUNDS:
-        x = (rng.standard_normal((batch, weights["input_size"])) * scale).astype(dtype)
-        bindings = {x_t: x}
-        kept = np.ones(batch, bool)
-        if mask_t is not None:
-            kept = rng.random(batch) < 0.7
-            mask_shape = graph.get_shape(mask_t) or [batch]
-            bindings[mask_t] = kept.reshape([batch] + [1] * (len(mask_shape) - 1))
-        expected = _cell_from_zero(match, weights, x.astype(np.float64))
-        for slot, leaf in enumerate(leaves):
-            value = expected[roles.get(slot, StateRole.HIDDEN)]  # a slot without a role: the masked output
-            value = np.where(kept[:, None], value, 0.0)
-            try:
-                actual = np.asarray(evaluate(graph, leaf, bindings), np.float64)
-            except (NotEvaluable, ValueError) as error:
-                raise NoMatch(f"{differs.reason}, and its values cannot be checked: {error}", differs.node) from error
-            close = actual.shape == value.shape and np.all(np.abs(actual - value) <= tolerance * (1 + np.abs(value)))
-            require(bool(close), f"{differs.reason}, and it does not compute the cell from zero states", leaf)
-
-
-def _cell_from_zero(match: BodyMatch, weights: dict, x: np.ndarray) -> dict:
-    """The cell's new states (role -> [B, H]) from zero states, for input ``x`` [B, F]."""
-    zeros = {role: np.zeros((x.shape[0], weights["hidden_size"])) for role in match.kind.state_roles}
-    in_float64 = {key: weights[key].astype(np.float64) for key in ("W", "R", "B")}
-    return match.kind.step(x, zeros, in_float64, [function_of(a) for a in match.activations],
-                           dict(match.attributes))
-
-
-def _no_loop_values(chain: Chain):
-    def value(slot: int):
-        raise NotEvaluable("an unrolled step has no loop inputs", chain.unpack)
-
-    return value
-
-
 # -- the pass ------------------------------------------------------------------------------
 def chain_pass(graph, chain: Chain, reading: ChainReading, name: str) -> Pass:
     """The pass a chain computes, wired to the tensors it replaces. A chain unstacks its input and
@@ -241,7 +225,7 @@ def chain_pass(graph, chain: Chain, reading: ChainReading, name: str) -> Pass:
     return Pass(loop=chain.unpack, name=name, kind=match.kind,
                 direction=Direction.BACKWARD if backward else Direction.FORWARD,
                 activations=match.activations, attributes=match.attributes, unrolled=chain.length, wiring=wiring,
-                **gate_weights(match, _no_loop_values(chain), chain.unpack))
+                **gate_weights(match, no_loop_values(chain), chain.unpack))
 
 
 def _outputs(graph, chain: Chain, reading: ChainReading) -> dict:
