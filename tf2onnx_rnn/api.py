@@ -56,7 +56,7 @@ class VerificationFailed(VerificationError):
 # -- public entry points -----------------------------------------------------------------------
 def convert_keras(model, input_signature=None, opset: Optional[int] = None, output_path: Optional[str] = None,
                   verify: bool = False, tolerance: float = 1e-4, assume_post_padded: bool = False,
-                  **options) -> onnx.ModelProto:
+                  safe_mode: bool = True, **options) -> onnx.ModelProto:
     """Convert a Keras model (Keras 3, tf_keras, or TensorFlow 2.15's Keras 2) to ONNX, with
     recurrent layers as native nodes.
 
@@ -72,9 +72,11 @@ def convert_keras(model, input_signature=None, opset: Optional[int] = None, outp
     ``target="portable"`` (beside or instead of tf2onnx's targets) gives masked layers no computed
     ``sequence_lens``, for runtimes that take it only as a constant (tract), exact wherever the
     report does not say otherwise. The report is logged and stored in the model's metadata.
+    Verification calls the model only when its traced call reaches nothing outside TensorFlow (no
+    file writes, prints, Python or network ops), unless ``safe_mode=False``.
     """
     options = Options.of(opset=opset, assume_post_padded=assume_post_padded, **options)
-    conversion = run(KerasModel(model, input_signature), output_path=output_path, verify=verify,
+    conversion = run(KerasModel(model, input_signature, safe_mode), output_path=output_path, verify=verify,
                      tolerance=tolerance, options=options)
     return conversion.model_proto
 
@@ -82,10 +84,14 @@ def convert_keras(model, input_signature=None, opset: Optional[int] = None, outp
 def convert_saved_model(path: str, output_path: Optional[str] = None, opset: Optional[int] = None,
                         signature_def: Optional[str] = None, tag: Optional[str] = None,
                         verify: bool = False, tolerance: float = 1e-4, assume_post_padded: bool = False,
-                        concrete_function: Optional[int] = None, **options) -> onnx.ModelProto:
-    """Convert a SavedModel directory; like :func:`convert_keras`, for the CLI's ``--saved-model``."""
+                        concrete_function: Optional[int] = None, safe_mode: bool = True,
+                        **options) -> onnx.ModelProto:
+    """Convert a SavedModel directory; like :func:`convert_keras`, for the CLI's ``--saved-model``.
+    A SavedModel is a program: unless ``safe_mode=False``, it is not loaded when its initializers
+    reach outside TensorFlow (file writes, prints, Python or network ops), nor verified when its
+    signature does."""
     options = Options.of(opset=opset, assume_post_padded=assume_post_padded, **options)
-    conversion = run(SavedModel(path, signature_def, tag, concrete_function), output_path=output_path,
+    conversion = run(SavedModel(path, signature_def, tag, concrete_function, safe_mode), output_path=output_path,
                      verify=verify, tolerance=tolerance, options=options)
     return conversion.model_proto
 

@@ -25,6 +25,7 @@ from . import api, sources
 from .errors import ConversionError, first_line
 from .options import Options, check_tolerance
 from .output import check_output_path
+from .sources.keras_file import use_tensorflow_backend
 
 EXIT_OK = 0
 EXIT_VERIFICATION_FAILED = 1
@@ -133,6 +134,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--streaming", action="store_true", default=None,
                         help="recurrent states in and out of the model (<layer>/h_in, <layer>/h_out, c_ for "
                              "LSTM), to run a sequence chunk by chunk; automatic for stateful Keras models")
+    parser.add_argument("--no-safe-mode", "--no_safe_mode", dest="safe_mode", action="store_false",
+                        help="trust the model: load a Keras file whose Lambda layers carry Python code, load a "
+                             "SavedModel whose initializers and verify one whose signature reach outside TensorFlow "
+                             "(files, prints, Python, the network)")
+    parser.add_argument("--custom-objects", "--custom_objects", dest="custom_objects", type=_names,
+                        metavar="FILES_OR_MODULES",
+                        help="Python files or modules (comma-separated) defining the custom classes and functions a "
+                             "Keras file uses; they are imported, so their code runs")
     parser.add_argument("--debug", action="store_true", help="show tracebacks and TensorFlow's log")
     return parser
 
@@ -186,7 +195,8 @@ def import_tensorflow(debug: bool) -> None:
 
 # -- the run ---------------------------------------------------------------------------------
 # the API's parameters the command line names otherwise than by their own name with two dashes
-_API_FLAGS = {"keras_file": "--keras", "keras_model": "--keras", "output_path": "--output"}
+_API_FLAGS = {"keras_file": "--keras", "keras_model": "--keras", "output_path": "--output",
+              "safe_mode=False": "--no-safe-mode"}
 
 
 def flag_of(parser: argparse.ArgumentParser):
@@ -207,13 +217,17 @@ def _options(args: argparse.Namespace) -> Options:
 def _source(args: argparse.Namespace) -> sources.Source:
     """The source the flags name, checked before TensorFlow's slow import (the API's checks)."""
     source = sources.choose(keras_file=args.keras, saved_model=args.saved_model, signature_def=args.signature_def,
-                            tag=args.tag, concrete_function=args.concrete_function)
+                            tag=args.tag, concrete_function=args.concrete_function, safe_mode=args.safe_mode,
+                            custom_objects=args.custom_objects)
     source.check()
     return source
 
 
 def run(args: argparse.Namespace) -> int:
     check_output_path(args.output)
+    note = use_tensorflow_backend()  # before anything imports Keras
+    if note:
+        print(note, file=sys.stderr)
     source = _source(args)
     import_tensorflow(args.debug)
     options = _options(args)

@@ -14,6 +14,8 @@ from typing import Callable, Optional
 
 from ..errors import ConversionError, param
 
+TRUST = param("safe_mode=False")  # the opt-in to run what a model carries, as each front door spells it
+
 
 @dataclass
 class Frozen:
@@ -28,6 +30,7 @@ class Frozen:
     layer_names: Callable[[str], Optional[str]] = lambda loop: None  # loop op name -> Keras layer
     shape_override: Optional[dict] = None
     stateful_layers: tuple = ()  # report names of Keras stateful=True recurrent layers
+    traced: Optional[object] = None  # a Keras model's traced call (graph def, functions included): what it runs
 
 
 class Source:

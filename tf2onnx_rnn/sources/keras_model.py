@@ -13,6 +13,7 @@ from typing import Optional
 from ..errors import ConversionError, first_line, param
 from ..keras_layers import recurrent_layers, stateful_layers
 from . import Frozen, Source, check_input_shape
+from .outside_ops import executed_ops, outside, refuse_outside
 
 
 def _tf():
@@ -22,13 +23,23 @@ def _tf():
 
 
 class KerasModel(Source):
-    """A Keras model object, converted as ``model(x, training=False)``."""
+    """A Keras model object, converted as ``model(x, training=False)``. Verification calls the model:
+    with ``safe_mode`` (the default) only when its traced call reaches nothing outside TensorFlow."""
 
     kind = "keras_model"
-    options = ("input_signature",)
+    options = ("input_signature", "safe_mode")
 
-    def __init__(self, model, input_signature=None):
-        self.model, self.input_signature = model, input_signature
+    def __init__(self, model, input_signature=None, safe_mode: bool = True):
+        self.model, self.input_signature, self.safe_mode = model, input_signature, safe_mode
+        self._traced = None  # the traced call's graph (functions included), once frozen
+
+    def check(self) -> None:
+        backend = _backend_of(self.model)
+        if backend not in (None, "tensorflow"):
+            raise ConversionError(
+                f"the Keras model runs on Keras's {backend} backend, and this converter reads TensorFlow graphs: "
+                "save it (model.save('model.keras')) and convert the file (the command line loads it on "
+                "TensorFlow), or load it in a process with KERAS_BACKEND=tensorflow and convert that")
 
     def prepared(self, options):
         """A model with stateful layers streams (unless streaming is refused, which cannot be exact)."""
@@ -42,12 +53,27 @@ class KerasModel(Source):
         return options
 
     def freeze(self, options) -> Frozen:
-        return freeze_keras(self.model, self.input_signature, options)
+        frozen = freeze_keras(self.model, self.input_signature, options)
+        self._traced = frozen.traced
+        return frozen
 
     def verify(self, model_proto, tolerance: float):
         from ..verify import verify_keras
 
+        if self.safe_mode and self._traced is not None:
+            refuse_outside(outside(executed_ops(self._traced)), "verification calls the Keras model, whose call runs")
         return verify_keras(self.model, model_proto, tolerance=tolerance)
+
+
+def _backend_of(model) -> Optional[str]:
+    """The Keras 3 backend a model object runs on (None for tf_keras and Keras 2 models)."""
+    import sys
+
+    keras = sys.modules.get("keras")
+    if keras is None or not type(model).__module__.startswith("keras") or not hasattr(keras, "config"):
+        return None
+    backend = getattr(keras.config, "backend", None)
+    return backend() if callable(backend) else None
 
 
 def keras_input_signature(model) -> list:
@@ -69,14 +95,46 @@ def keras_input_signature(model) -> list:
 
 
 def _model_inputs(model) -> list:
-    try:
-        inputs = model.inputs
-    except (AttributeError, ValueError):  # Keras 3 before 3.6 raises for an unbuilt Sequential
-        inputs = None
+    inputs = _defined_inputs(model)
+    if not inputs:
+        declared = _declared_batch_shape(model)
+        if declared is not None:  # an unbuilt Sequential whose first layer declares its input shape
+            try:
+                model.build(declared)
+            except Exception as error:  # noqa: BLE001 - Keras raises many kinds
+                raise ConversionError(f"cannot build the Keras model for the input shape {list(declared)} its "
+                                      f"first layer declares: {first_line(error)}") from error
+            inputs = _defined_inputs(model)
     if not inputs:
         raise ConversionError("the Keras model has no defined inputs: build it (or call it once) "
                               f"or pass {param('input_signature')}")
     return list(inputs)
+
+
+def _defined_inputs(model):
+    try:
+        return model.inputs
+    except (AttributeError, ValueError):  # Keras 3 before 3.6 raises for an unbuilt Sequential
+        return None
+
+
+def _declared_batch_shape(model) -> Optional[tuple]:
+    """The batch shape the first layer of a Sequential declares (``input_shape``/``input_dim`` in
+    Keras 3, ``batch_input_shape`` in Keras 2), looking into wrappers (Bidirectional, and
+    TimeDistributed, whose layer's shape is per step); None when none does."""
+    layers = list(getattr(model, "layers", None) or [])
+    layer = layers[0] if layers and hasattr(model, "add") else None
+    steps = 0  # TimeDistributed wrappers gone through: each adds a time axis the inner layer does not see
+    while layer is not None:
+        shape = getattr(layer, "_input_shape_arg", None)
+        batch = getattr(layer, "_batch_input_shape", None)
+        if shape is not None or batch is not None:
+            batch = (None,) + tuple(shape) if shape is not None else tuple(batch)
+            return batch[:1] + (None,) * steps + batch[1:]
+        inner = getattr(layer, "layer", None) or getattr(layer, "forward_layer", None)
+        steps += type(layer).__name__ == "TimeDistributed" and inner is not None
+        layer = inner
+    return None
 
 
 def _input_name(tensor, index: int) -> str:
@@ -177,7 +235,8 @@ def freeze_keras(model, input_signature, options) -> Frozen:
             raise ConversionError("the model is over 2 GB, protobuf's limit: convert it with "
                                   f"{param('large_model')}") from error
     return Frozen(graph_def, getattr(model, "name", "keras"), inputs, outputs, renames, tables,
-                  functools.partial(_layer_of_scope, scopes), stateful_layers=stateful_layers(model))
+                  functools.partial(_layer_of_scope, scopes), stateful_layers=stateful_layers(model),
+                  traced=concrete.graph.as_graph_def())
 
 
 def _unique(names: list) -> list:

@@ -10,18 +10,25 @@ from typing import Optional
 
 from ..errors import ConversionError, first_line, param
 from . import Frozen, Source, check_input_shape, placeholder_shapes, resolve_names
+from .outside_ops import RESTORING, executed_ops, outside, refuse_outside
 from .keras_file import KERAS_EXTENSIONS
 
 
 class SavedModel(Source):
-    """A SavedModel directory, with the signature (or concrete function) and tag to convert."""
+    """A SavedModel directory, with the signature (or concrete function) and tag to convert.
+
+    A SavedModel is a program. Converting loads it, which runs its initializers; verifying also
+    runs the signature. With ``safe_mode`` (the default) neither happens when the ops it would run
+    reach outside TensorFlow (:mod:`.outside_ops`); reading its own variables and vocabularies is
+    part of loading any SavedModel."""
 
     kind = "saved_model"
-    options = ("signature_def", "tag", "concrete_function")
+    options = ("signature_def", "tag", "concrete_function", "safe_mode")
 
     def __init__(self, path: str, signature_def: Optional[str] = None, tag: Optional[str] = None,
-                 concrete_function: Optional[int] = None):
+                 concrete_function: Optional[int] = None, safe_mode: bool = True):
         self.path, self.signature_def, self.tag, self.concrete_function = path, signature_def, tag, concrete_function
+        self.safe_mode = safe_mode
 
     def check(self) -> None:
         if self.signature_def is not None and self.concrete_function is not None:
@@ -32,11 +39,23 @@ class SavedModel(Source):
         check_saved_model_dir(self.path)
 
     def freeze(self, options) -> Frozen:
+        if self.safe_mode:
+            meta = _meta_graph(self.path, self.tag)
+            refuse_outside(outside(executed_ops(meta.graph_def, _init_nodes(meta), _initializers(meta)),
+                                   allowed=LOADING), "loading the SavedModel runs")
         return freeze_saved_model(self.path, self.signature_def, self.tag, self.concrete_function, options)
 
     def verify(self, model_proto, tolerance: float):
         from ..verify import verify_saved_model
 
+        if self.safe_mode:
+            meta = _meta_graph(self.path, self.tag)
+            key = self.signature_def or ("serving_default" if "serving_default" in meta.signature_def
+                                         else sorted(meta.signature_def)[0] if meta.signature_def else None)
+            if key in meta.signature_def:
+                outputs = [t.name for t in meta.signature_def[key].outputs.values()]
+                refuse_outside(outside(executed_ops(meta.graph_def, outputs), allowed=LOADING),
+                               f"verification runs the signature {key!r}, which runs")
         return verify_saved_model(self.path, model_proto, signature_def=self.signature_def, tag=self.tag,
                                   tolerance=tolerance)
 
@@ -87,6 +106,53 @@ def _shape_override(shapes: dict, inputs: list, renames: dict, model_shapes: dic
         check_input_shape(name, shape, model_shapes.get(tensor), param("inputs"))
         override[tensor] = [None if d is None else int(d) for d in shape]  # as tf2onnx's --inputs: None = dynamic
     return override
+
+
+# what loading any SavedModel runs by design: its variables restored, its vocabularies read into tables
+LOADING = RESTORING | {"InitializeTableFromTextFile", "InitializeTableFromTextFileV2"}
+
+
+def _meta_graph(path: str, tag: Optional[str]):
+    """The meta graph TensorFlow would load for ``tag`` (read, not loaded)."""
+    from tensorflow.python.tools import saved_model_utils
+
+    for meta in saved_model_utils.read_saved_model(path).meta_graphs:
+        if tag in meta.meta_info_def.tags or (tag is None and "serve" in meta.meta_info_def.tags):
+            return meta
+    return saved_model_utils.read_saved_model(path).meta_graphs[0]
+
+
+def _init_nodes(meta) -> list:
+    """The graph nodes TensorFlow runs when it loads the meta graph: its init op and main op."""
+    nodes = [t.name for t in meta.signature_def["__saved_model_init_op"].outputs.values()] \
+        if "__saved_model_init_op" in meta.signature_def else []
+    for key in ("saved_model_main_op", "legacy_init_op", "table_initializer"):
+        if key in meta.collection_def:
+            nodes += list(meta.collection_def[key].node_list.value)
+    return nodes
+
+
+def _initializers(meta) -> set:
+    """The functions TensorFlow 2's loader calls for restored resources and assets (their creation
+    and initialization, and at the end their destruction)."""
+    objects = meta.object_graph_def.nodes
+    names = set()
+    for node in objects:
+        if node.WhichOneof("kind") not in ("resource", "asset", "user_object"):
+            continue
+        for child in node.children:
+            if child.local_name in ("_create_resource", "_initialize", "_destroy_resource"):
+                names |= _concrete_names(objects[child.node_id])
+    return names
+
+
+def _concrete_names(node) -> set:
+    kind = node.WhichOneof("kind")
+    if kind == "function":
+        return set(node.function.concrete_functions)
+    if kind == "bare_concrete_function":
+        return {node.bare_concrete_function.concrete_function_name}
+    return set()
 
 
 def _tags(path: str) -> set:
