@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import os
+import re
 from typing import TYPE_CHECKING, Iterator, Union
 
 import onnx
@@ -89,3 +90,23 @@ def direction_of(node: onnx.NodeProto) -> str:
     if value is None:
         return "forward"
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+# -- the command line's stderr ------------------------------------------------------------------
+# TensorFlow's C++ log lines ("I0000 00:00:... port.cc:153] ...", "W... ", "E... "), which its
+# runtime, once loaded in a process, may write at any time
+_TF_CPP_LOG = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d|^WARNING: All log messages before absl::InitializeLog")
+
+
+def without_tf_log(stderr: str) -> str:
+    """``stderr`` without TensorFlow's own C++ log lines."""
+    return "".join(line for line in stderr.splitlines(keepends=True) if not _TF_CPP_LOG.match(line))
+
+
+def assert_one_error_line(stderr: str) -> str:
+    """The one line a refused command writes: ``error: ...``, no traceback."""
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    assert lines[0].startswith("error: "), stderr
+    assert "Traceback" not in stderr
+    return lines[0]

@@ -10,6 +10,7 @@ import pytest
 import keras
 
 import helpers
+import parity
 import tf2onnx_rnn  # noqa: E402
 from tf2onnx_rnn.rewriters import gru as gru_matcher  # noqa: E402
 from tf2onnx_rnn.rewriters import pipeline  # noqa: E402
@@ -115,3 +116,38 @@ def test_model_without_inputs_is_a_clear_error():
 def test_bad_opset_is_a_clear_error():
     with pytest.raises(tf2onnx_rnn.ConversionError, match="opset 9 is not supported"):
         tf2onnx_rnn.convert_keras(_sequential(), opset=9)
+
+
+@pytest.mark.parametrize("flavor", ["keras", "tf_keras"])
+@pytest.mark.parametrize("form", ["first", "bidirectional", "in-time-distributed", "batch"])
+def test_an_unbuilt_sequential_whose_first_layer_declares_its_input_converts(flavor, form):
+    """A Sequential never called, whose first layer declares ``input_shape`` (Keras 3 warns and keeps
+    it; ``batch_input_shape`` in Keras 2), even inside a wrapper: built from that shape, its recurrent
+    layers fused, exact. (Keras 3 keeps no shape a layer inside a Bidirectional declares: there the
+    wrapper declares it.)"""
+    import importlib
+
+    K = importlib.import_module(flavor)
+    keras3 = flavor == "keras" and parity.KERAS3
+    if form == "batch" and keras3:
+        pytest.skip("Keras 3 layers take no batch_input_shape")
+    if form == "in-time-distributed" and keras3:
+        pytest.xfail("Keras 3 TimeDistributed over a dynamic time axis traces to a pfor while loop that tf2onnx "
+                     "1.17 (stock too) converts with the output's time axis the batch size")
+    declared = {"batch_input_shape": (None, None, 5)} if form == "batch" else {"input_shape": (None, 5)}
+    if form == "in-time-distributed":
+        layers = [K.layers.TimeDistributed(K.layers.Dense(6, input_shape=(5,))), K.layers.GRU(4)]
+    elif form == "bidirectional" and keras3:
+        layers = [K.layers.Bidirectional(K.layers.LSTM(3), **declared), K.layers.Dense(2)]
+    elif form == "bidirectional":
+        layers = [K.layers.Bidirectional(K.layers.LSTM(3, **declared)), K.layers.Dense(2)]
+    else:
+        layers = [K.layers.LSTM(3, return_sequences=True, **declared), K.layers.SimpleRNN(2)]
+    model = K.Sequential(layers)
+    model_proto = tf2onnx_rnn.convert_keras(model)
+    _randomize(model)
+    model_proto = tf2onnx_rnn.convert_keras(model)
+    rows = tf2onnx_rnn.report_of(model_proto).outcomes
+    assert rows and all(row.fused for row in rows), tf2onnx_rnn.report_of(model_proto).table()
+    result = verify_keras(model, model_proto, tolerance=1e-5)
+    assert result.passed, result.table()

@@ -176,12 +176,7 @@ def assert_clean_stderr(stderr: str) -> None:
     assert not TF_NOISE.search(stderr), stderr
 
 
-def assert_one_error_line(stderr: str) -> str:
-    lines = stderr.strip().splitlines()
-    assert len(lines) == 1, stderr
-    assert lines[0].startswith("error: "), stderr
-    assert "Traceback" not in stderr
-    return lines[0]
+assert_one_error_line = helpers.assert_one_error_line
 
 
 def assert_verified(stdout: str) -> None:

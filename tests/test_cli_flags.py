@@ -26,6 +26,7 @@ import keras
 import tensorflow as tf
 
 import cli_models  # noqa: E402  (tests/ is on sys.path, see conftest.py)
+import helpers  # noqa: E402
 from helpers import attribute, nodes_of_types, op_counts, ort_session  # noqa: E402
 from tf2onnx_rnn import api, options, probes, sources  # noqa: E402
 from tf2onnx_rnn import output as output_module  # noqa: E402
@@ -173,11 +174,7 @@ def convert_ok(argv, capfd) -> str:
     return out
 
 
-def assert_one_error_line(stderr: str) -> str:
-    lines = stderr.strip().splitlines()
-    assert len(lines) == 1, stderr
-    assert lines[0].startswith("error: "), stderr
-    return lines[0]
+assert_one_error_line = helpers.assert_one_error_line
 
 
 def dims(value: onnx.ValueInfoProto) -> list:
@@ -704,9 +701,6 @@ BAD = [
 FIXTURES = ("image_file", "sequence_file", "sequence_saved_model", "functions_saved_model", "lgamma_saved_model")
 
 
-_TF_CPP_LOG = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d")
-
-
 @pytest.mark.parametrize("case", BAD, ids=[case.id for case in BAD])
 def test_bad_flag_exits_2_with_one_error_line(case, request, tmp_path, capfd):
     paths = {name: request.getfixturevalue(name).path for name in FIXTURES if "{" + name + "}" in " ".join(case.argv)}
@@ -715,7 +709,7 @@ def test_bad_flag_exits_2_with_one_error_line(case, request, tmp_path, capfd):
     code = cli.main([arg.format(**paths) for arg in case.argv] + ["--output", str(output)])
     out, err = capfd.readouterr()
     # TensorFlow's runtime, already loaded in this test process, may log a C++ line (cuInit) at any time
-    err = "".join(line for line in err.splitlines(keepends=True) if not _TF_CPP_LOG.match(line))
+    err = helpers.without_tf_log(err)
     assert code == cli.EXIT_BAD_INPUT == 2, err
     line = assert_one_error_line(err)
     assert re.search(case.message, line), line
