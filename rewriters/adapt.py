@@ -91,10 +91,10 @@ def build_pass(graph, loop, match: BodyMatch, name: str, others: frozenset = fro
     outputs = _outputs(graph, loop, match, others)
     starts = {slot: loop.input[slot] for _, slot in match.states}
     return Pass(loop=loop.name, name=name, kind=match.kind, direction=direction,
-                activations=match.activations, attributes=match.attributes,
+                activations=match.activations, attributes=match.attributes, note=match.note,
                 wiring=Wiring(x=x, x_unreversed=x_unreversed, **initial_states(graph, match, starts),
                               **outputs, **_loop_mask_wiring(graph, loop, match, direction)),
-                **gate_weights(match, _slot_values(graph, loop), loop.name))
+                **gate_weights(match, slot_values(graph, loop), loop.name))
 
 
 def _loop_mask_wiring(graph, loop, match: BodyMatch, direction: Direction) -> dict:
@@ -134,7 +134,8 @@ def mask_source(graph, mask: str) -> str:
     return "computed mask"
 
 
-def _slot_values(graph, loop):
+def slot_values(graph, loop):
+    """The values of a loop node's inputs, by slot, evaluated on first use (a weight must be constant)."""
     cache = {}
 
     def value(slot: int) -> np.ndarray:
@@ -208,18 +209,29 @@ def _require_single_element_list(graph, loop, slot: int) -> None:
 # -- facts about tensors of the outer graph ----------------------------------------------------------
 def reversals(graph, stacked: list):
     """Where Keras reverses a sequence in time (Bidirectional does to its backward layer):
-    ``ReverseV2(Transpose(stack, [1, 0, 2]), axis=1)``. Returns those [B, T, H] tensors when
-    every use of the sequence goes through one, else None."""
+    ``ReverseV2(Transpose(stack, [1, 0, 2]), axis=1)``, or the TFLite converter's
+    ``Transpose(ReverseV2(stack, axis=0), [1, 0, 2])``. Returns those [B, T, H] tensors when every
+    use of the sequence goes through one, else None."""
     found = []
     for tensor in stacked:
-        for transpose in graph.find_output_consumers(tensor):
-            if transpose.type != "Transpose" or constant_list(graph, transpose.input[1]) != [1, 0, 2]:
+        for first in graph.find_output_consumers(tensor):
+            second_type, second_axes = (("ReverseV2", "Reverse"), [1]) if first.type == "Transpose" \
+                else (("Transpose",), [1, 0, 2])
+            if not (_transposes_time(graph, first) or _reverses(graph, first, [0])):
                 return None
-            for reverse in graph.find_output_consumers(transpose.output[0]):
-                if reverse.type not in ("ReverseV2", "Reverse") or constant_list(graph, reverse.input[1]) != [1]:
+            for second in graph.find_output_consumers(first.output[0]):
+                if second.type not in second_type or constant_list(graph, second.input[1]) != second_axes:
                     return None
-                found.append(reverse.output[0])
+                found.append(second.output[0])
     return found or None
+
+
+def _transposes_time(graph, node) -> bool:
+    return node.type == "Transpose" and constant_list(graph, node.input[1]) == [1, 0, 2]
+
+
+def _reverses(graph, node, axes: list) -> bool:
+    return node.type in ("ReverseV2", "Reverse") and constant_list(graph, node.input[1]) == axes
 
 
 def constant_list(graph, tensor: str):

@@ -72,6 +72,8 @@ class _FrozenGraph:
 class BodyView:
     """Read-only helpers over a loop body graph (a tf2onnx graph still holding TF ops)."""
 
+    requantized = ""  # where an input quantized on the fly (a TFLite hybrid kernel) was read as the float value
+
     def __init__(self, graph):
         self.graph = graph
         self.inputs = list(graph.input_names)
@@ -82,17 +84,31 @@ class BodyView:
     # -- basic navigation -------------------------------------------------------------
     def resolve(self, tensor: str) -> str:
         """Follow ops that forward a tensor unchanged back to it: Identity, and products with
-        ones (tf_keras multiplies by an all-ones recurrent dropout mask at inference)."""
+        ones (tf_keras multiplies by an all-ones recurrent dropout mask at inference). A value
+        quantized and dequantized again (how tf2onnx writes a TFLite hybrid kernel's on-the-fly
+        input quantization) is read as the value itself, and the view notes where (:attr:`requantized`)."""
         node = self.graph.get_node_by_output(tensor)
         while node is not None:
             if node.type in ("Identity", "StopGradient") and len(node.input) == 1:
                 tensor = node.input[0]
             elif node.type == "Mul" and len(node.input) == 2 and any(self._is_ones(t) for t in node.input):
                 tensor = next((t for t in node.input if not self._is_ones(t)), node.input[0])
+            elif self._requantization(node) is not None:
+                tensor, self.requantized = self._requantization(node), node.name
             else:
                 return tensor
             node = self.graph.get_node_by_output(tensor)
         return tensor
+
+    def _requantization(self, node) -> Optional[str]:
+        """The value ``DequantizeLinear(DynamicQuantizeLinear(value))`` quantizes and dequantizes."""
+        if node.type != "DequantizeLinear":
+            return None
+        quantized = [self.graph.get_node_by_output(t) for t in node.input]
+        if quantized and quantized[0] is not None and quantized[0].type == "DynamicQuantizeLinear" \
+                and all(q is quantized[0] for q in quantized):
+            return quantized[0].input[0]
+        return None
 
     def _is_ones(self, tensor: str) -> bool:
         node = self.graph.get_node_by_output(tensor)
@@ -119,16 +135,25 @@ class BodyView:
     def consumers(self, tensor: str):
         return self.graph.find_output_consumers(tensor)
 
-    def is_constant(self, tensor: str) -> bool:
+    def constant(self, tensor: str) -> Optional[np.ndarray]:
+        """The value of a constant: a Const, or TFLite's DEQUANTIZE of one (a float16 weight widened,
+        an integer one scaled), else None."""
         node = self.producer(tensor)
-        return node is not None and node.is_const()
+        if node is not None and node.is_const():
+            return np.asarray(node.get_tensor_value(as_list=False))
+        if node is not None and node.type == "TFL_DEQUANTIZE":
+            stored = self.graph.get_node_by_output(node.input[0])
+            if stored is not None and stored.is_const():
+                return np.asarray(evaluate(self.graph, node.output[0]))
+        return None
+
+    def is_constant(self, tensor: str) -> bool:
+        return self.constant(tensor) is not None
 
     def scalar(self, tensor: str) -> Optional[float]:
         """The value of a constant scalar (or one-element) tensor, else None."""
-        if not self.is_constant(tensor):
-            return None
-        value = np.asarray(self.producer(tensor).get_tensor_value(as_list=False))
-        return float(value.reshape(-1)[0]) if value.size == 1 else None
+        value = self.constant(tensor)
+        return float(value.reshape(-1)[0]) if value is not None and value.size == 1 else None
 
     # -- weights ----------------------------------------------------------------------
     def static_source(self, tensor: str, constant_slots: frozenset) -> Optional[WeightSource]:
@@ -298,7 +323,7 @@ class BodyView:
         node = self.producer(tensor)
         if node is None:
             return None
-        index = int(tensor.rsplit(":", 1)[1]) if ":" in tensor else 0
+        index = list(node.output).index(tensor) if tensor in node.output else 0
         try:
             if node.type == "Split":
                 if not self._is_last_axis(node.input[1], evaluate(self.graph, node.input[0])):

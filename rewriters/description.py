@@ -28,6 +28,27 @@ def require(condition: bool, reason: str, node: str = "") -> None:
         raise NoMatch(reason, node)
 
 
+@dataclass(frozen=True)
+class Approximations:
+    """What the user lets a conversion compute otherwise than the source model, each field named as
+    the conversion option that allows it (a refusal names it, and its command-line flag)."""
+
+    drop_cell_clip: bool = False  # a TFLite fused LSTM that clips its cell state, converted without the clip
+    dequantize: bool = False  # a TFLite kernel quantizing its inputs at run time, converted in float
+
+
+@dataclass(frozen=True)
+class FusedLayout:
+    """What a TFLite file says of one fused recurrent op beside what tf2onnx's reader keeps: the input
+    positions present (the reader drops absent ones), and for each state variable the ops that read
+    that same tensor after or before the op runs (the file's converter may merge equal zero tensors,
+    so a later op reads the state this one leaves)."""
+
+    positions: tuple[int, ...]
+    readers_after: tuple[tuple[int, tuple[str, ...]], ...] = ()  # (state position, op names)
+    readers_before: tuple[tuple[int, tuple[str, ...]], ...] = ()
+
+
 class StateRole(enum.Enum):
     """What a loop-carried value of a recurrent body is."""
 
@@ -139,6 +160,7 @@ class BodyMatch:
     output_every_step: bool  # written at the time index (all steps) or at a fixed index (last only)
     attributes: OpAttributes = ()  # the family's own ONNX attributes for this layer
     masking: Optional[Masking] = None
+    note: str = ""  # what the native node computes otherwise than the source, said in the report
 
 
 @dataclass(frozen=True)
@@ -160,6 +182,8 @@ class Wiring:
     sequence_output: tuple[str, ...] = ()  # become Y squeezed to [T, B, H], in step order
     reversed_output: tuple[str, ...] = ()  # [B, T, H]: the step-order sequence reversed in time (Keras's
     # Bidirectional reverses its backward layer's output, putting a backward pass back in time order)
+    time_order_output: tuple[str, ...] = ()  # the sequence in time order, laid out as X (a fused
+    # bidirectional op's backward half)
     last_output: tuple[str, ...] = ()  # become Y_h, [1, B, H]
     last_step_output: tuple[str, ...] = ()  # [B, H]: the output at the last step (an unrolled chain's), as Y_h
     final_states: tuple[tuple[StateRole, str], ...] = ()  # become a state, [B, H]
@@ -172,6 +196,8 @@ class Wiring:
     # an unrolled layer unstacks its input (and mask) in time order whichever way it steps: a backward
     # pass's ``x`` and ``mask`` are then in time order, and the node reverses them when it runs forward
     reverse_x: bool = False
+    # ``x``, ``x_unreversed`` and ``sequence_output`` are [B, T, ...], not time-major (TFLite's fused op)
+    batch_major: bool = False
 
 
 @dataclass(frozen=True, eq=False)
@@ -193,6 +219,7 @@ class Pass:
     wiring: Wiring
     stack: tuple[int, int] = (0, 1)  # (this cell's position, cells) in a StackedRNNCells loop
     unrolled: int = 0  # an unrolled chain's number of steps (0: a while-loop)
+    note: str = ""  # what the native node computes otherwise than the source, said in the report
 
     @property
     def stacked(self) -> bool:
@@ -217,6 +244,7 @@ class RecurrentLayer:
     mask: Optional[str] = None  # time-major mask in the order of X
     mask_key: Optional[tuple] = None  # equal for masks equal by construction (computed once)
     reverse_x: bool = False  # X and the mask are the given tensors reversed in time (built by the emitter)
+    batch_major: bool = False  # X and the sequence outputs the passes replace are [B, T, ...]
 
     def runs_forward(self, index: int) -> bool:
         """Whether pass ``index`` steps through X first to last."""

@@ -135,6 +135,8 @@ class Emission:
         says so: an unrolled layer gives its input in time order only)."""
         if self._x is None:
             x = self.current(self.layer.x)
+            if self.layer.batch_major:
+                x = self.graph.make_node("Transpose", [x], attr={"perm": _BATCH_MAJOR}).output[0]
             self._x = self.reversed_in_time(x) if self.layer.reverse_x else x
         return self._x
 
@@ -195,17 +197,23 @@ class Emission:
     def wire(self, node) -> None:
         for index, pass_ in enumerate(self.layer.passes):
             wiring = pass_.wiring
-            if wiring.sequence_output or wiring.reversed_output:
+            if wiring.sequence_output or wiring.reversed_output or wiring.time_order_output:
                 in_node_order = self.sequence(node, index, wiring)
                 # a pass stepping backward through X yields its step-order sequence reversed
                 step_order = self.layer.runs_forward(index)
                 if wiring.sequence_output:
-                    self.replace(wiring.sequence_output,
-                                 in_node_order if step_order else self.reversed_in_time(in_node_order))
+                    steps = in_node_order if step_order else self.reversed_in_time(in_node_order)
+                    if self.layer.batch_major:
+                        steps = self.graph.make_node("Transpose", [steps], attr={"perm": _BATCH_MAJOR}).output[0]
+                    self.replace(wiring.sequence_output, steps)
                 if wiring.reversed_output:
                     reversed_steps = self.reversed_in_time(in_node_order) if step_order else in_node_order
                     batch_major = self.graph.make_node("Transpose", [reversed_steps], attr={"perm": _BATCH_MAJOR})
                     self.replace(wiring.reversed_output, batch_major.output[0])
+                if wiring.time_order_output:
+                    time_order = self.graph.make_node("Transpose", [in_node_order], attr={"perm": _BATCH_MAJOR}) \
+                        .output[0] if self.layer.batch_major else in_node_order
+                    self.replace(wiring.time_order_output, time_order)
             if wiring.last_output or wiring.last_step_output:
                 last = self.last_output(node, index, wiring)
                 self.replace(wiring.last_output, last)

@@ -101,6 +101,20 @@ def _gemm(node, a, b, c=None):
     return result
 
 
+def _dequantize(node, x):
+    """TFLite's DEQUANTIZE: a float16 constant widened, or integers scaled (per channel along
+    ``quantized_dimension`` when there are several scales)."""
+    if np.issubdtype(x.dtype, np.floating):
+        return x.astype(np.float32)
+    scale = np.asarray(node.get_attr_value("scale"), np.float32)
+    zero = np.asarray(node.get_attr_value("zero_point"), np.float32)
+    if scale.size > 1:
+        shape = [1] * x.ndim
+        shape[int(node.get_attr_value("quantized_dimension", 0))] = -1
+        scale, zero = scale.reshape(shape), zero.reshape(shape)
+    return ((x.astype(np.float32) - zero) * scale).astype(np.float32)
+
+
 # op type -> function(node, *input values) -> value or tuple of values
 _OPS: dict[str, Callable] = {
     "Identity": lambda n, x: x,
@@ -134,7 +148,7 @@ _OPS: dict[str, Callable] = {
     "Squeeze": _squeeze,
     "ExpandDims": lambda n, x, axis: np.expand_dims(x, int(axis)),
     "Reshape": lambda n, x, shape: np.reshape(x, shape.tolist()),
-    "Transpose": lambda n, x, perm: np.transpose(x, perm.tolist()),
+    "Transpose": lambda n, x, perm=None: np.transpose(x, n.get_attr_value("perm") if perm is None else perm.tolist()),
     "StridedSlice": _strided_slice,
     "Split": _split,
     "SplitV": _split_v,
@@ -148,6 +162,7 @@ _OPS: dict[str, Callable] = {
     "Tile": lambda n, x, multiples: np.tile(x, multiples.tolist()),
     "BroadcastTo": lambda n, x, shape: np.broadcast_to(x, shape.tolist()),
     "ZerosLike": lambda n, x: np.zeros_like(x),
+    "TFL_DEQUANTIZE": _dequantize,
     "OnesLike": lambda n, x: np.ones_like(x),
     "Fill": lambda n, shape, value: np.full(shape.tolist(), value),
     "LogicalAnd": lambda n, a, b: np.logical_and(a, b),
@@ -160,10 +175,6 @@ ELEMENTWISE_OPS = frozenset({
     "ClipByValue", "Neg", "Abs", "Exp", "Square", "Sigmoid", "Tanh", "Relu", "Relu6",
     "Softplus", "Softsign", "LeakyRelu", "Elu", "Selu",
 })
-
-
-def _output_index(tensor: str) -> int:
-    return int(tensor.rsplit(":", 1)[1]) if ":" in tensor else 0
 
 
 def evaluate(graph, tensor: str, bindings: Mapping[str, np.ndarray] | None = None) -> np.ndarray:
@@ -191,7 +202,7 @@ def evaluate(graph, tensor: str, bindings: Mapping[str, np.ndarray] | None = Non
             if isinstance(result, tuple):
                 for out, val in zip(node.output, result):
                     cache[out] = np.asarray(val)
-                result = result[_output_index(name)]
+                result = result[list(node.output).index(name)]
         cache[name] = np.asarray(result)
         return cache[name]
 

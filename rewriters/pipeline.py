@@ -22,7 +22,7 @@ from .adapt import build_pass
 from .body import BodyView
 from .bool_masks import exact_selects, integer_any, select_bool_products
 from .chains import Chain, find_chains, is_recurrent
-from .description import BodyMatch, NoMatch, Pass, StackMatch
+from .description import Approximations, BodyMatch, NoMatch, Pass, StackMatch, require
 from .emitter import EmitContext, emit
 from .mask_forms import Masks, select_masks
 from .outcome import WHILE_OPS, Findings
@@ -31,6 +31,7 @@ from .rows import LoopId, Rows, kind_hint, scope_name
 from .skeleton import read_skeleton, unmask
 from .stacked import match_stack, stack_passes
 from .states import MODEL_STATES, StateWiring, select_states
+from . import tflite_fused, tflite_loops
 from .unrolled import chain_pass, read_chain
 
 logger = logging.getLogger("tf2onnx_rnn")
@@ -40,15 +41,17 @@ def _describe(error: Exception) -> str:
 
 
 def make_rewriter(findings: Findings, layer_of: Optional[Callable[[str], Optional[str]]] = None, *,
-                  portable: bool = False, post_padded: bool = False,
-                  streaming: bool = False) -> Optional["RecurrentRewriter"]:
+                  portable: bool = False, post_padded: bool = False, streaming: bool = False,
+                  fused_ops: Optional[dict] = None,
+                  allowed: Approximations = Approximations()) -> Optional["RecurrentRewriter"]:
     """The rewriter for one conversion, with its variants chosen once: how masked layers are emitted
     (:func:`.mask_forms.select_masks` from ``portable`` and ``post_padded``) and how states meet the
-    model (:func:`.states.select_states` from ``streaming``). None when it cannot even be built (an
+    model (:func:`.states.select_states` from ``streaming``). ``fused_ops``: a TFLite file's fused
+    recurrent ops, node name -> its :class:`.description.FusedLayout`. None when it cannot even be built (an
     internal error, noted in ``findings.setup_error`` so that every recurrent loop's row can say so)."""
     try:
         return RecurrentRewriter(Rows(findings), layer_of, select_masks(portable, post_padded),
-                                 select_states(streaming))
+                                 select_states(streaming), fused_ops, allowed)
     except Exception as error:  # noqa: BLE001 - the conversion goes on without fusing
         findings.setup_error = f"internal error while setting up the rewriter: {_describe(error)}"
         logger.warning("recurrent layers stay Loops: %s", findings.setup_error, exc_info=True)
@@ -59,9 +62,11 @@ class RecurrentRewriter:
     """One conversion's rewriter: its body matches and the rows it records."""
 
     def __init__(self, rows: Rows, layer_of: Optional[Callable[[str], Optional[str]]] = None,
-                 masks: Masks = Masks(), states: StateWiring = MODEL_STATES):
+                 masks: Masks = Masks(), states: StateWiring = MODEL_STATES, fused_ops: Optional[dict] = None,
+                 allowed: Approximations = Approximations()):
         self.findings = rows.findings
         self.rows = rows
+        self.fused_ops, self.allowed = dict(fused_ops or {}), allowed
         self.masks, self.states = masks, states
         self.layer_of = layer_of or (lambda loop: None)
         # body name -> its match, why none matched, or (a str) the internal error that stopped matching
@@ -69,14 +74,16 @@ class RecurrentRewriter:
 
     def __call__(self, graph, ops):
         try:
-            if any(op.type == "TensorListGetItem" for op in ops):
+            if any(op.type == "TensorListGetItem" for op in ops) or tflite_loops.is_body(graph):
                 self._read_body(graph)
-            loops = [op for op in ops if op.type in WHILE_OPS]
+            loops = [op for op in ops if op.type in WHILE_OPS + (tflite_loops.LOOP_OP,)]
+            fused = [op for op in ops if op.type in tflite_fused.OPS]
             chains = []
             if any(op.type == "Unpack" for op in ops):  # unroll=True layers: chains of steps, no loop
                 chains = self._find_chains(graph)
-            if loops or chains:
-                self._replace_loops(graph, loops, chains)
+            if loops or chains or fused:
+                # fused ops first: one may hand its final state to a loop read after it
+                self._replace_loops(graph, fused + loops, chains)
             # after the loops are read (the mask's source is named from Keras's own ops): the mask
             # arithmetic without float Casts
             self._guarded("selecting on bool masks", [], lambda: select_bool_products(graph))
@@ -103,16 +110,29 @@ class RecurrentRewriter:
     def _match_body(self, graph) -> Union[BodyMatch, StackMatch, NoMatch]:
         try:
             view = BodyView(graph)
-            skeleton = read_skeleton(view)
+            tensor_lists = any(n.type == "TensorListGetItem" for n in graph.get_nodes())
+            skeleton = read_skeleton(view) if tensor_lists else tflite_loops.read_skeleton(view)
             masking = None
             if skeleton.mask_slot is not None:
                 skeleton, masking = unmask(view, skeleton)
             match = self._match_cells(view, skeleton)
+            note = self._quantization_note(view)
             if isinstance(match, StackMatch):  # every cell of a stack skips the masked steps
-                return StackMatch(tuple(replace(cell, masking=masking) for cell in match.cells))
-            return replace(match, masking=masking)
+                return StackMatch(tuple(replace(cell, masking=masking, note=note) for cell in match.cells))
+            return replace(match, masking=masking, note=note)
         except NoMatch as no_match:
             return no_match
+
+    def _quantization_note(self, view: BodyView) -> str:
+        """A body whose kernels quantize their inputs at run time (a TFLite dynamic-range model) is fused
+        only when the user allows computing in float; the note says so in the layer's row."""
+        if not view.requantized:
+            return ""
+        require(self.allowed.dequantize, "the TFLite kernel quantizes its inputs at run time (dynamic-range "
+                "quantization), which a native node cannot; convert with dequantize=True (--dequantize) to compute in "
+                "float with the stored weights", view.requantized)
+        return ("computed in float with the stored weights, without the TFLite kernel's run-time quantization of its "
+                "inputs: outputs differ from the TFLite interpreter by that quantization's error")
 
     @classmethod
     def _match_cells(cls, view: BodyView, skeleton) -> Union[BodyMatch, StackMatch]:
@@ -206,7 +226,11 @@ class RecurrentRewriter:
         return self._loop_id(subject)
 
     def _loop_id(self, loop) -> LoopId:
-        body = loop.get_attr_str("body")
+        if loop.type in tflite_fused.OPS:
+            name = tflite_fused.op_name(loop)
+            return LoopId(name, self.layer_of(name) or scope_name(name),
+                          tflite_fused.kind_of(tflite_fused.OPS[loop.type].onnx_op).keras_name)
+        body = _body_of(loop)
         entry = self.bodies.get(body)
         kind = (entry.kind.keras_name if isinstance(entry, BodyMatch) else
                 entry.kind_name if isinstance(entry, StackMatch) else kind_hint(loop.name + " " + body))
@@ -237,8 +261,11 @@ class RecurrentRewriter:
             return []
 
     def _read_passes(self, graph, loop) -> list:
-        """The loop's passes: one, or one per cell of a stack; none when it stays a Loop."""
-        entry = self.bodies.get(loop.get_attr_str("body"))
+        """The loop's passes: one, or one per cell of a stack; none when it stays a Loop. A TFLite fused
+        op is read as a loop would be."""
+        if loop.type in tflite_fused.OPS:
+            return self._read_fused(graph, loop)
+        entry = self.bodies.get(_body_of(loop))
         if entry is None:
             return []  # a body with no TensorList reads: not a recurrent layer, nothing to report
         loop_id = self._loop_id(loop)
@@ -251,7 +278,18 @@ class RecurrentRewriter:
         try:
             if isinstance(entry, StackMatch):
                 return stack_passes(graph, loop, entry, loop_id.layer)
+            if loop.type == tflite_loops.LOOP_OP:
+                return [tflite_loops.build_pass(graph, loop, entry, loop_id.layer)]
             return [build_pass(graph, loop, entry, loop_id.layer)]
+        except NoMatch as no_match:
+            self.rows.kept(loop_id, no_match.reason, no_match.node)
+        return []
+
+    def _read_fused(self, graph, node) -> list:
+        loop_id = self._loop_id(node)
+        try:
+            return tflite_fused.fused_passes(graph, node, self.fused_ops.get(loop_id.loop), loop_id.layer,
+                                             self.allowed)
         except NoMatch as no_match:
             self.rows.kept(loop_id, no_match.reason, no_match.node)
         return []
@@ -270,3 +308,8 @@ class RecurrentRewriter:
             self.rows.stack_cell(first, emitted)
         else:
             self.rows.fused(layer, emitted)
+
+
+def _body_of(loop) -> str:
+    """The name of the body function a loop node runs."""
+    return tflite_loops.body_name(loop) if loop.type == tflite_loops.LOOP_OP else loop.get_attr_str("body")

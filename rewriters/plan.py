@@ -53,7 +53,8 @@ def _shared_scopes(a: str, b: str) -> int:
 def _bidirectional(graph, a: Pass, b: Pass) -> RecurrentLayer:
     forward, backward = _halves(graph, a, b)
     return RecurrentLayer(x=forward.wiring.x, direction=NodeDirection.BIDIRECTIONAL, passes=(forward, backward),
-                          mask=forward.wiring.mask, mask_key=_tensor_key(graph, forward.wiring.mask))
+                          mask=forward.wiring.mask, mask_key=_tensor_key(graph, forward.wiring.mask),
+                          batch_major=forward.wiring.batch_major)
 
 
 def _single(graph, pass_: Pass, masks: Masks) -> RecurrentLayer:
@@ -62,9 +63,11 @@ def _single(graph, pass_: Pass, masks: Masks) -> RecurrentLayer:
     wiring = pass_.wiring
     if masks.runs_reverse(pass_):
         return RecurrentLayer(x=wiring.x_unreversed, direction=NodeDirection.REVERSE, passes=(pass_,),
-                              mask=wiring.mask_unreversed, mask_key=_tensor_key(graph, wiring.mask_unreversed))
+                              mask=wiring.mask_unreversed, mask_key=_tensor_key(graph, wiring.mask_unreversed),
+                              batch_major=wiring.batch_major)
     return RecurrentLayer(x=wiring.x, direction=NodeDirection.FORWARD, passes=(pass_,), mask=wiring.mask,
-                          mask_key=_tensor_key(graph, wiring.mask), reverse_x=wiring.reverse_x)
+                          mask_key=_tensor_key(graph, wiring.mask), reverse_x=wiring.reverse_x,
+                          batch_major=wiring.batch_major)
 
 
 def _backward_half(loop_name: str) -> bool:
@@ -108,8 +111,8 @@ def _can_pair(graph, a: Pass, b: Pass) -> bool:
     if halves is None:
         return False
     forward, backward = halves
-    same_shape = (a.kind, a.hidden_size, a.input_size, a.dtype, a.attributes) == \
-        (b.kind, b.hidden_size, b.input_size, b.dtype, b.attributes)
+    same_shape = (a.kind, a.hidden_size, a.input_size, a.dtype, a.attributes, a.wiring.batch_major) == \
+        (b.kind, b.hidden_size, b.input_size, b.dtype, b.attributes, b.wiring.batch_major)
     same_states = {r for r, _ in a.wiring.initial_states} == {r for r, _ in b.wiring.initial_states}
     same_mask = ((forward.wiring.mask is None) == (backward.wiring.mask is None)
                  and _tensor_key(graph, forward.wiring.mask) == _tensor_key(graph, backward.wiring.mask_unreversed))
@@ -137,5 +140,5 @@ def _tensor_key(graph, tensor: Optional[str], depth: int = 8):
     if _reverses_nothing(graph, node):
         return _tensor_key(graph, node.input[0], depth - 1)
     attrs = tuple(sorted((key, repr(node.get_attr_value(key))) for key in node.attr if not key.startswith("_")))
-    index = tensor.rsplit(":", 1)[-1]
+    index = list(node.output).index(tensor) if tensor in node.output else 0
     return (node.type, index, attrs, tuple(_tensor_key(graph, t, depth - 1) for t in node.input))

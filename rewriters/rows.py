@@ -53,7 +53,8 @@ class LoopId:
 
 
 def _activations(pass_: Pass) -> str:
-    return ", ".join(str(a) for a in pass_.activations)
+    text = ", ".join(str(a) for a in pass_.activations)
+    return f"{text}; {pass_.note}" if pass_.note else text
 
 
 def _left_as(outcome: Outcome) -> str:

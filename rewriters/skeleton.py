@@ -48,28 +48,8 @@ def read_skeleton(view: BodyView) -> Skeleton:
     require(reads, "the loop reads no TensorList: not a recurrent layer loop")
     require(len(writes) == 1, f"the loop writes {len(writes)} TensorLists, a recurrent layer writes one")
     write = writes[0]
-
-    index_tensors = {view.resolve(n.input[1]) for n in reads}
-    require(len(index_tensors) == 1, "the loop reads its TensorLists at different indices", reads[0].name)
-    time_input = index_tensors.pop()
-    time_slot = view.slot_of(time_input)
-    require(time_slot is not None, "the read index is not a loop variable", reads[0].name)
-    step = view.producer(view.outputs[time_slot])
-    require(step is not None and step.type in ("AddV2", "Add")
-            and time_input in view.operands(step)
-            and any(view.scalar(t) == 1 for t in view.operands(step)),
-            "the read index does not advance by one each step", reads[0].name)
-
-    values, masks = [], []
-    for read in reads:
-        slot = view.slot_of(read.input[0])
-        require(slot is not None, "a TensorList read comes from inside the loop", read.name)
-        dtype = graph.get_dtype(read.output[0])
-        (masks if dtype == TensorProto.BOOL else values).append((slot, read.output[0]))  # a bool list is the mask
-    require(len(values) == 1, f"the loop reads {len(values)} float sequences, a recurrent layer reads one")
-    require(len(masks) <= 1, "the loop reads more than one mask")
-    input_slot, x_t = values[0]
-    mask_slot, mask_t = masks[0] if masks else (None, None)
+    time_input, time_slot = time_index(view, [n.input[1] for n in reads], reads[0].name)
+    (input_slot, x_t), (mask_slot, mask_t) = sequences(view, [(n.input[0], n.output[0]) for n in reads])
 
     output_slot = view.slot_of(write.input[0])
     require(output_slot is not None, "the written TensorList is not a loop variable", write.name)
@@ -82,18 +62,54 @@ def read_skeleton(view: BodyView) -> Skeleton:
         require(view.scalar(write_index) == 0, "the output is written at an index other than t or 0",
                 write.name)
         every_step = False
-
-    constant, state_inputs, state_outputs = set(), {}, {}
-    for slot, (inp, out) in enumerate(zip(view.inputs, view.outputs)):
-        if view.resolve(out) == inp:
-            constant.add(slot)
-        elif slot not in (time_slot, output_slot) and not _is_counter(view, slot):
-            state_inputs[slot] = inp
-            state_outputs[slot] = view.resolve(out)
+    constant, state_inputs, state_outputs = carried(view, (time_slot, output_slot))
     return Skeleton(input_slot=input_slot, output_slot=output_slot,
                     output_every_step=every_step, mask_slot=mask_slot, x_t=x_t, mask_t=mask_t,
                     y_t=view.resolve(write.input[2]), state_inputs=state_inputs,
                     state_outputs=state_outputs, constant_slots=frozenset(constant))
+
+
+def time_index(view: BodyView, indices, where: str) -> tuple:
+    """(the tensor, the loop slot) of the one index every sequence is read at, which must advance by
+    one each step."""
+    index_tensors = {view.resolve(t) for t in indices}
+    require(len(index_tensors) == 1, "the loop reads its sequences at different indices", where)
+    time_input = index_tensors.pop()
+    time_slot = view.slot_of(time_input)
+    require(time_slot is not None, "the read index is not a loop variable", where)
+    step = view.producer(view.outputs[time_slot])
+    require(step is not None and step.type in ("AddV2", "Add")
+            and time_input in view.operands(step)
+            and any(view.scalar(t) == 1 for t in view.operands(step)),
+            "the read index does not advance by one each step", where)
+    return time_input, time_slot
+
+
+def sequences(view: BodyView, reads) -> tuple:
+    """((input slot, x_t), (mask slot, mask_t)) from the (sequence, read value) pairs of a body: one
+    float sequence, and at most one bool sequence, the mask ((None, None) when there is none)."""
+    values, masks = [], []
+    for sequence, value in reads:
+        slot = view.slot_of(sequence)
+        require(slot is not None, "a sequence read comes from inside the loop", value)
+        dtype = view.graph.get_dtype(value)
+        (masks if dtype == TensorProto.BOOL else values).append((slot, value))  # a bool sequence is the mask
+    require(len(values) == 1, f"the loop reads {len(values)} float sequences, a recurrent layer reads one")
+    require(len(masks) <= 1, "the loop reads more than one mask")
+    return values[0], (masks[0] if masks else (None, None))
+
+
+def carried(view: BodyView, skip) -> tuple:
+    """(constant slots, state inputs, state outputs) of a body: the slots passed through unchanged, and
+    the others (but ``skip`` and iteration counters) with what the body reads and returns there."""
+    constant, state_inputs, state_outputs = set(), {}, {}
+    for slot, (inp, out) in enumerate(zip(view.inputs, view.outputs)):
+        if view.resolve(out) == inp:
+            constant.add(slot)
+        elif slot not in skip and not _is_counter(view, slot):
+            state_inputs[slot] = inp
+            state_outputs[slot] = view.resolve(out)
+    return constant, state_inputs, state_outputs
 
 
 def _is_counter(view: BodyView, slot: int) -> bool:

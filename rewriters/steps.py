@@ -125,7 +125,7 @@ class Template:
         inside = node is not None and node.name in self.names
         if inside and not (node.type in ZERO_MAKERS and mode is not Mode.CHAIN):
             counterpart = self.graph.get_node_by_output(other)
-            return (counterpart is not None and _output_index(tensor) == _output_index(other)
+            return (counterpart is not None and _output_index(node, tensor) == _output_index(counterpart, other)
                     and self._node(node, counterpart, found))
         if tensor in fixed:
             return other == fixed[tensor]
@@ -186,8 +186,9 @@ def _twins_of(graph, tensor: str) -> set:
     return found
 
 
-def _output_index(tensor: str) -> str:
-    return tensor.rsplit(":", 1)[-1] if ":" in tensor else "0"
+def _output_index(node, tensor: str) -> int:
+    """Which of ``node``'s outputs ``tensor`` is (TFLite's tensor names carry no ``:N``)."""
+    return list(node.output).index(tensor) if tensor in node.output else 0
 
 
 def _same_attributes(node, other) -> bool:

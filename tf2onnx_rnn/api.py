@@ -1,7 +1,9 @@
-"""Python API: convert Keras models and SavedModels with recurrent layers fused into native nodes.
+"""Python API: convert Keras models, SavedModels, TFLite files and frozen graphs with recurrent layers
+fused into native nodes.
 
 Every entry point takes one road (:func:`run`). A *source* (:mod:`.sources`: a Keras model traced
-in inference mode, a Keras file, a SavedModel signature) is frozen into a graph def; tf2onnx
+in inference mode, a Keras file, a SavedModel signature, a TFLite file, a frozen graph) is frozen
+into a graph def (a TFLite file is read by tf2onnx itself); tf2onnx
 converts it with the recurrent rewriter (:mod:`.translate`); the report is reconciled with the
 written graph and stored; onnxruntime must load the model (:mod:`.probes`); it is verified when
 asked; and it is saved atomically (:mod:`.output`). The CLI (``tf2onnx_rnn.convert``) only
@@ -24,14 +26,16 @@ from .reconcile import reconcile, recurrent_loops, unrolled_layers
 from .report import ConversionReport
 from .rewriters.outcome import Findings
 from .sources import Frozen, Source
+from .sources.graph_def import Checkpoint, GraphDefFile
 from .sources.keras_model import KerasModel, keras_input_signature
 from .sources.saved_model import SavedModel
+from .sources.tflite import TFLite
 from .translate import to_onnx
 
 logger = logging.getLogger("tf2onnx_rnn")
 
-__all__ = ["Conversion", "VerificationFailed", "convert_keras", "convert_saved_model", "keras_input_signature",
-           "report_of", "run"]
+__all__ = ["Conversion", "VerificationFailed", "convert_checkpoint", "convert_graph_def", "convert_keras",
+           "convert_saved_model", "convert_tflite", "keras_input_signature", "report_of", "run"]
 
 
 @dataclass
@@ -96,6 +100,51 @@ def convert_saved_model(path: str, output_path: Optional[str] = None, opset: Opt
     return conversion.model_proto
 
 
+def convert_tflite(path: str, output_path: Optional[str] = None, opset: Optional[int] = None,
+                   verify: bool = False, tolerance: float = 1e-4, drop_cell_clip: bool = False,
+                   dequantize: bool = False, **options) -> onnx.ModelProto:
+    """Convert a TFLite file; like :func:`convert_saved_model`, for the CLI's ``--tflite``. Its ``WHILE``
+    loops and fused ``UNIDIRECTIONAL_SEQUENCE_LSTM`` ops become native nodes; verification compares
+    with the TFLite interpreter. A fused LSTM that clips its cell state where the clip can act is
+    refused unless ``drop_cell_clip=True`` (the model then equals the Keras layer, which never clips); a
+    layer whose kernels quantize their inputs at run time (dynamic-range quantization) stays tf2onnx's
+    Loop unless ``dequantize=True`` (native nodes computing in float with the stored weights); each
+    row of the report says what its layer computes otherwise than the file."""
+    options = Options.of(opset=opset, **options)
+    conversion = run(TFLite(path, drop_cell_clip, dequantize), output_path=output_path, verify=verify,
+                     tolerance=tolerance, options=options)
+    return conversion.model_proto
+
+
+def convert_graph_def(path: str, inputs, outputs, output_path: Optional[str] = None, opset: Optional[int] = None,
+                      verify: bool = False, tolerance: float = 1e-4, safe_mode: bool = True,
+                      **options) -> onnx.ModelProto:
+    """Convert a frozen GraphDef file (``.pb``); like :func:`convert_saved_model`, for the CLI's
+    ``--graphdef``. ``inputs``: its input tensors, names (``["x:0"]``) or name -> shape to fix one;
+    ``outputs``: the tensors to convert. Its functional while-loops stay loops for the rewriter
+    (TF1-style lowering is skipped); verification runs the graph in TensorFlow, refused with
+    ``safe_mode`` when it holds ops reaching outside TensorFlow."""
+    return _convert_graph(GraphDefFile(path, outputs, safe_mode), inputs, output_path, opset, verify, tolerance,
+                          options)
+
+
+def convert_checkpoint(path: str, inputs, outputs, output_path: Optional[str] = None, opset: Optional[int] = None,
+                       verify: bool = False, tolerance: float = 1e-4, safe_mode: bool = True,
+                       **options) -> onnx.ModelProto:
+    """Convert a TF1 checkpoint from its meta graph (``model.meta`` beside its variables); like
+    :func:`convert_graph_def`, for the CLI's ``--checkpoint``. With ``safe_mode``, the checkpoint is
+    restored only when its restore op keeps to reading the checkpoint."""
+    return _convert_graph(Checkpoint(path, outputs, safe_mode), inputs, output_path, opset, verify, tolerance,
+                          options)
+
+
+def _convert_graph(source: Source, inputs, output_path, opset, verify, tolerance, options) -> onnx.ModelProto:
+    if inputs is not None and not isinstance(inputs, dict):
+        inputs = {name: None for name in ([inputs] if isinstance(inputs, str) else inputs)}
+    options = Options.of(opset=opset, inputs=inputs, **options)
+    return run(source, output_path=output_path, verify=verify, tolerance=tolerance, options=options).model_proto
+
+
 def report_of(model_proto: onnx.ModelProto) -> Optional[ConversionReport]:
     """The conversion report stored in a model this package converted."""
     return ConversionReport.of_model(model_proto)
@@ -133,8 +182,9 @@ def convert(frozen: Frozen, options: Options) -> Conversion:
     """A frozen graph to a loadable ONNX model with its reconciled report stored in it."""
     findings = Findings()
     model_proto = to_onnx(frozen, options, findings)
-    report = reconcile(findings, recurrent_loops(frozen.graph_def), model_proto, frozen.layer_names,
-                       unrolled_layers(frozen.graph_def))
+    loops = frozen.loops if frozen.loops is not None else recurrent_loops(frozen.graph_def)
+    unrolled = unrolled_layers(frozen.graph_def) if frozen.graph_def is not None else []
+    report = reconcile(findings, loops, model_proto, frozen.layer_names, unrolled)
     report.outcomes = [dataclasses.replace(o, stateful=True) if o.layer in frozen.stateful_layers else o
                        for o in report.outcomes]
     if options.streaming:

@@ -85,14 +85,19 @@ def _names(text: str) -> list:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="tf2onnx-rnn", allow_abbrev=False,
-        description="Convert a TensorFlow SavedModel or a Keras model to ONNX with tf2onnx, turning "
-                    "Keras LSTM, GRU and SimpleRNN layers into native ONNX LSTM/GRU/RNN nodes.",
+        description="Convert a TensorFlow model (SavedModel, Keras file, TFLite file or frozen graph) to ONNX "
+                    "with tf2onnx, turning its Keras LSTM, GRU and SimpleRNN layers and TFLite's fused LSTM into "
+                    "native ONNX LSTM/GRU/RNN nodes.",
         epilog="exit status: 0 converted, 1 verification failed, 2 bad input, 3 internal error; "
                "the output file is written only on success.")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--saved-model", "--saved_model", dest="saved_model", metavar="DIR",
                         help="a SavedModel directory (tf.saved_model, Keras 3 model.export, tf_keras save)")
     source.add_argument("--keras", metavar="FILE", help="a Keras model file: .keras, or .h5 (Keras 3 or Keras 2)")
+    source.add_argument("--tflite", metavar="FILE", help="a TFLite file (.tflite)")
+    source.add_argument("--graphdef", metavar="FILE", help="a frozen GraphDef (.pb), with --inputs and --outputs")
+    source.add_argument("--checkpoint", metavar="FILE", help="a TF1 checkpoint's meta graph (model.meta), with "
+                                                             "--inputs and --outputs")
     parser.add_argument("--output", required=True, metavar="FILE", help="the ONNX file to write")
     parser.add_argument("--opset", type=int, metavar="N", help="ONNX opset (default: tf2onnx's, capped at what "
                                                               "the installed onnxruntime runs)")
@@ -103,7 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
                         metavar="N", help="for a SavedModel without signatures: the index of the tf.function "
                                           "to convert")
     parser.add_argument("--inputs", type=_inputs, metavar="NAME[SHAPE],...",
-                        help="fix input shapes, e.g. x:0[1,50,16] (-1 or ? keeps a dimension dynamic)")
+                        help="fix input shapes, e.g. x:0[1,50,16] (-1 or ? keeps a dimension dynamic); a frozen "
+                             "graph's input placeholders, e.g. x:0")
+    parser.add_argument("--outputs", type=_names, metavar="NAMES",
+                        help="a frozen graph's output tensors (comma-separated), e.g. Identity:0")
     parser.add_argument("--rename-inputs", "--rename_inputs", dest="rename_inputs", type=_names, metavar="NAMES",
                         help="names for the ONNX model's inputs, in the model's order")
     parser.add_argument("--rename-outputs", "--rename_outputs", dest="rename_outputs", type=_names,
@@ -142,6 +150,14 @@ def build_parser() -> argparse.ArgumentParser:
                         metavar="FILES_OR_MODULES",
                         help="Python files or modules (comma-separated) defining the custom classes and functions a "
                              "Keras file uses; they are imported, so their code runs")
+    parser.add_argument("--drop-cell-clip", "--drop_cell_clip", dest="drop_cell_clip", action="store_true",
+                        help="TFLite: convert a fused LSTM that clips its cell state (cell_clip) without the clip, "
+                             "where the clip could act (the model then equals the Keras layer, which never clips)")
+    parser.add_argument("--dequantize", action="store_true",
+                        help="TFLite: convert layers whose kernels quantize their inputs at run time (dynamic-range "
+                             "quantization) and integer-quantized fused LSTMs to native nodes computing in float "
+                             "with the stored weights (outputs then differ from the TFLite interpreter by the "
+                             "quantization's error)")
     parser.add_argument("--debug", action="store_true", help="show tracebacks and TensorFlow's log")
     return parser
 
@@ -216,9 +232,11 @@ def _options(args: argparse.Namespace) -> Options:
 
 def _source(args: argparse.Namespace) -> sources.Source:
     """The source the flags name, checked before TensorFlow's slow import (the API's checks)."""
-    source = sources.choose(keras_file=args.keras, saved_model=args.saved_model, signature_def=args.signature_def,
-                            tag=args.tag, concrete_function=args.concrete_function, safe_mode=args.safe_mode,
-                            custom_objects=args.custom_objects)
+    source = sources.choose(keras_file=args.keras, saved_model=args.saved_model, tflite=args.tflite,
+                            graphdef=args.graphdef, checkpoint=args.checkpoint, outputs=args.outputs,
+                            signature_def=args.signature_def, tag=args.tag, concrete_function=args.concrete_function,
+                            safe_mode=None if args.safe_mode else False, custom_objects=args.custom_objects,
+                            drop_cell_clip=args.drop_cell_clip or None, dequantize=args.dequantize or None)
     source.check()
     return source
 

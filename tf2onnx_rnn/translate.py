@@ -8,6 +8,7 @@ refused before anything is converted.
 from __future__ import annotations
 
 import logging
+import warnings
 from typing import Sequence
 
 import onnx
@@ -39,14 +40,26 @@ def to_onnx(frozen: Frozen, options: Options, findings: Findings) -> onnx.ModelP
             else:
                 from tf2onnx import convert as tf2onnx_convert
 
-                model_proto, _ = tf2onnx_convert._convert_common(frozen.graph_def, **kwargs)  # tf2onnx's own road
+                with warnings.catch_warnings():  # its TFLite reader builds TensorFlow's deprecated interpreter
+                    warnings.filterwarnings("ignore", message=".*tf.lite.Interpreter is deprecated")
+                    model_proto, _ = tf2onnx_convert._convert_common(frozen.graph_def, **kwargs)  # tf2onnx's road
         except ConversionError:
             raise
         except Exception as error:  # tf2onnx's own failure on this graph (say, a type its onnx cannot hold)
+            _check_fused_ops(frozen, findings)
             raise ConversionError(f"tf2onnx cannot convert this model: {type(error).__name__}: "
                                   f"{first_line(error)}") from error
+    _check_fused_ops(frozen, findings)
     _check_nchw(_io_ranks(model_proto), nchw)
     return model_proto
+
+
+def _check_fused_ops(frozen: Frozen, findings: Findings) -> None:
+    """A TFLite fused recurrent op the rewriter did not read has no tf2onnx handler: the model would not
+    run: its reason is the error."""
+    refused = [row for row in findings.outcomes if row.reason and row.loop in (frozen.fused_ops or {})]
+    if refused:
+        raise ConversionError(f"{refused[0].layer}: {refused[0].reason}")
 
 
 def _rewriter(frozen: Frozen, options: Options, findings: Findings):
@@ -57,7 +70,8 @@ def _rewriter(frozen: Frozen, options: Options, findings: Findings):
         from .rewriters.pipeline import make_rewriter  # imported late: it imports tf2onnx, hence TensorFlow
 
         return make_rewriter(findings, frozen.layer_names, portable=options.portable,
-                             post_padded=options.assume_post_padded, streaming=bool(options.streaming))
+                             post_padded=options.assume_post_padded, streaming=bool(options.streaming),
+                             fused_ops=frozen.fused_ops, allowed=frozen.allowed)
     except Exception as error:  # noqa: BLE001 - the conversion goes on without fusing, exact
         findings.setup_error = f"internal error while setting up the rewriter: {type(error).__name__}: {error}"
         logger.warning("recurrent layers stay Loops: %s", findings.setup_error)
@@ -72,6 +86,7 @@ def _tf2onnx_arguments(frozen: Frozen, options: Options) -> tuple:
     renames.update(_renames(frozen.input_names, options.rename_inputs, "inputs", renames))
     renames.update(_renames(frozen.output_names, options.rename_outputs, "outputs", renames))
     kwargs = dict(name=frozen.name, continue_on_error=True, opset=default_opset(options.opset),
+                  tflite_path=frozen.tflite_path, dequantize=frozen.allowed.dequantize,
                   input_names=frozen.input_names, output_names=frozen.output_names, tensors_to_rename=renames,
                   initialized_tables=frozen.initialized_tables, shape_override=shape_override or None,
                   **options.tf2onnx_options())
@@ -83,7 +98,7 @@ def _tf2onnx_arguments(frozen: Frozen, options: Options) -> tuple:
             chosen = resolve_names(names, tensors, option, kind, frozen.tensors_to_rename or {}, renames)
             kwargs[option] = chosen
             nchw[option] = [renames.get(t, t) for t in chosen]
-    if "inputs_as_nchw" in nchw:  # tf2onnx fails on an input of unknown rank: check before converting
+    if "inputs_as_nchw" in nchw and frozen.graph_def is not None:  # tf2onnx fails on an input of unknown rank
         known = {**placeholder_shapes(frozen.graph_def), **shape_override}
         _check_nchw({renames.get(t, t): None if known.get(t) is None else len(known[t]) for t in frozen.input_names},
                     {"inputs_as_nchw": nchw["inputs_as_nchw"]})

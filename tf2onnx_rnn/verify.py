@@ -28,7 +28,7 @@ from .keras_layers import states_kept, zero_states
 from .report import ConversionReport
 
 __all__ = ["ROUNDS", "OutputCheck", "VerificationResult", "compare", "onnx_input_specs", "verify_keras",
-           "verify_saved_model"]
+           "verify_saved_model", "verify_tflite"]
 
 # (batch size, size of every other dynamic dimension) for each verification round
 ROUNDS = ((2, 5), (3, 9))
@@ -336,5 +336,53 @@ def verify_saved_model(path: str, model_proto: onnx.ModelProto, signature_def: O
         feeds = {arg: tf.constant(by_name.get(arg, by_name.get(arg + ":0", arrays[i])))
                  for i, arg in enumerate(arg_names)}
         return _in_onnx_order(function(**feeds), output_names)
+
+    return compare(reference, model_proto, tolerance, seed, inputs, reference_name="TensorFlow")
+
+
+def verify_tflite(path: str, model_proto: onnx.ModelProto, tolerance: float = 1e-4, seed: int = 0,
+                  inputs: Optional[list] = None) -> VerificationResult:
+    """Compare a TFLite file, run in the TFLite interpreter, with its conversion. The interpreter's
+    state variables (a fused LSTM's states) are reset before every call, so each starts from zeros
+    as the ONNX model does; dynamic dimensions are resized to each round's."""
+    from .sources.tflite import interpreter
+
+    runner = interpreter(path)
+    details = runner.get_input_details()
+    onnx_names = [name for name, _, _ in onnx_input_specs(model_proto)]
+    output_names = [o.name for o in model_proto.graph.output]
+
+    def reference(arrays):
+        by_name = dict(zip(onnx_names, arrays))
+        feeds = [np.asarray(by_name.get(d["name"], arrays[i])) for i, d in enumerate(details)]
+        for detail, array in zip(details, feeds):
+            if list(detail["shape"]) != list(array.shape):
+                runner.resize_tensor_input(detail["index"], list(array.shape), strict=True)
+        runner.allocate_tensors()
+        runner.reset_all_variables()
+        for detail, array in zip(details, feeds):
+            runner.set_tensor(detail["index"], array.astype(detail["dtype"]))
+        runner.invoke()
+        produced = {d["name"]: runner.get_tensor(d["index"]) for d in runner.get_output_details()}
+        ordered = [produced.get(name) for name in output_names]
+        return ordered if all(o is not None for o in ordered) else list(produced.values())
+
+    return compare(reference, model_proto, tolerance, seed, inputs, reference_name="TFLite")
+
+
+def verify_graph_def(graph_def, graph_inputs: Sequence[str], graph_outputs: Sequence[str],
+                     model_proto: onnx.ModelProto, tolerance: float = 1e-4, seed: int = 0,
+                     inputs: Optional[list] = None) -> VerificationResult:
+    """Compare a frozen graph, run in TensorFlow, with its conversion, whose inputs and outputs are the
+    graph's tensors ``graph_inputs`` and ``graph_outputs`` in order (renamed or not)."""
+    import tensorflow as tf
+
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.import_graph_def(graph_def, name="")
+
+    def reference(arrays):
+        with tf.compat.v1.Session(graph=graph) as session:
+            return session.run(list(graph_outputs), dict(zip(graph_inputs, arrays)))
 
     return compare(reference, model_proto, tolerance, seed, inputs, reference_name="TensorFlow")

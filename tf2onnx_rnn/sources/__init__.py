@@ -1,6 +1,7 @@
 """Model sources: each turns what the user gives into a frozen TensorFlow graph tf2onnx converts.
 
-One module per source (a live Keras model, a Keras file, a SavedModel directory). Every source
+One module per source (a live Keras model, a Keras file, a SavedModel directory, a TFLite file,
+frozen graphs). Every source
 is a :class:`Source`: checked before TensorFlow's slow import (:meth:`Source.check`), frozen with
 tf2onnx's own loaders (:meth:`Source.freeze`) into a :class:`Frozen` graph, and run against the
 converted model when verification is asked (:meth:`Source.verify`). :func:`choose` picks the one
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from ..errors import ConversionError, param
+from ..rewriters.description import Approximations
 
 TRUST = param("safe_mode=False")  # the opt-in to run what a model carries, as each front door spells it
 
@@ -31,6 +33,10 @@ class Frozen:
     shape_override: Optional[dict] = None
     stateful_layers: tuple = ()  # report names of Keras stateful=True recurrent layers
     traced: Optional[object] = None  # a Keras model's traced call (graph def, functions included): what it runs
+    tflite_path: Optional[str] = None  # a TFLite file (then ``graph_def`` is None): tf2onnx reads it itself
+    loops: Optional[list] = None  # the recurrent loops, when the source finds them (else read from graph_def)
+    fused_ops: Optional[dict] = None  # TFLite fused recurrent ops: node name -> its FusedLayout
+    allowed: Approximations = Approximations()  # what the user lets the model compute otherwise than the source
 
 
 class Source:
@@ -55,14 +61,18 @@ class Source:
 
 
 def choose(**given) -> Source:
-    """The one source the arguments name (``keras_model``, ``keras_file``, ``saved_model``), built with
+    """The one source the arguments name (``keras_model``, ``keras_file``, ``saved_model``, ``tflite``,
+    ``graphdef``, ``checkpoint``), built with
     the source options given beside it (None: not given). A source option the chosen source does not
     take, or options that exclude each other, are a :class:`ConversionError`."""
+    from .graph_def import Checkpoint, GraphDefFile
     from .keras_file import KerasFile
     from .keras_model import KerasModel
     from .saved_model import SavedModel
+    from .tflite import TFLite
 
-    kinds = {"keras_model": KerasModel, "keras_file": KerasFile, "saved_model": SavedModel}
+    kinds = {"keras_model": KerasModel, "keras_file": KerasFile, "saved_model": SavedModel, "tflite": TFLite,
+             "graphdef": GraphDefFile, "checkpoint": Checkpoint}
     named = [kind for kind in kinds if given.get(kind) is not None]
     if len(named) != 1:
         raise ConversionError(f"give one source: {', '.join(param(kind) for kind in kinds)}")
