@@ -142,3 +142,31 @@ def test_the_command_line_converts_and_verifies_a_frozen_graph(tmp_path, capfd):
     assert code == 0, err
     assert "3 fused into native nodes" in out and "ONNX vs TensorFlow" in out, out
     assert helpers.op_types(onnx.load(str(output))).count("GRU") == 1  # one bidirectional node
+
+
+def test_a_loop_bounded_by_the_longest_sequence_is_warned_about(caplog):
+    """TF1's dynamic_rnn with sequence_length bounds its loop by min(T, max(sequence_length)): the
+    converted Loop then returns fewer steps than TensorFlow's padded output, which is warned about."""
+    import tensorflow as tf
+
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [None, 6, FEATURES], name="x")
+        lengths = tf.compat.v1.placeholder(tf.int32, [None], name="lengths")
+        bound = tf.minimum(tf.shape(x)[1], tf.maximum(1, tf.reduce_max(lengths)))
+        _, total = tf.while_loop(lambda t, s: t < bound, lambda t, s: (t + 1, s + x[:, t]),
+                                 (tf.constant(0), tf.zeros_like(x[:, 0])))
+        tf.identity(total, name="total")
+    assert any(node.op in ("While", "StatelessWhile") for node in graph.as_graph_def().node)
+    path = os.path.join(_DIR, "bounded.pb")
+    with open(path, "wb") as stream:
+        stream.write(graph.as_graph_def().SerializeToString())
+    with caplog.at_level("WARNING", logger="tf2onnx_rnn"):
+        convert_graph_def(path, inputs=["x:0", "lengths:0"], outputs=["total:0"])
+    assert any("max(sequence_length)" in record.getMessage() for record in caplog.records), caplog.text
+    caplog.clear()
+    frozen_path = frozen_keras(parity.FLAVORS[0])[1]
+    with caplog.at_level("WARNING", logger="tf2onnx_rnn"):
+        convert_graph_def(frozen_path, inputs=frozen_keras(parity.FLAVORS[0])[2],
+                          outputs=frozen_keras(parity.FLAVORS[0])[3])
+    assert not any("max(sequence_length)" in record.getMessage() for record in caplog.records), caplog.text

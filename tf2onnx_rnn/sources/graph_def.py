@@ -15,6 +15,7 @@ would run ops reaching outside TensorFlow.
 """
 from __future__ import annotations
 
+import logging
 import os
 from typing import Optional, Sequence
 
@@ -25,6 +26,7 @@ from .outside_ops import RESTORING, executed_ops, outside, refuse_outside
 _WHILE_OPS = ("While", "StatelessWhile")
 _LOWER = "_lower_using_switch_merge"
 _V1_LOOP_OPS = frozenset({"Enter", "Exit", "NextIteration", "LoopCond"})
+logger = logging.getLogger("tf2onnx_rnn")
 
 
 class GraphDefFile(Source):
@@ -198,6 +200,7 @@ def _load(populate, inputs: list, outputs: list) -> tuple:
             frozen = tf_loader.freeze_session(session, input_names=inputs, output_names=outputs)
             inputs = tf_loader.remove_redundant_inputs(frozen, inputs)
         _refuse_lowered_loops(frozen)
+        _warn_shortened_loops(frozen)
         keep_loops_functional(frozen)
         tf_loader.tf_reset_default_graph()
         with tf_loader.tf_session():
@@ -229,3 +232,24 @@ def _refuse_lowered_loops(graph_def) -> None:
         raise ConversionError("the graph's loops were lowered to TF1 control flow over TensorLists when it was "
                               "frozen, which tf2onnx cannot convert: freeze with convert_variables_to_constants_v2("
                               "..., lower_control_flow=False)")
+
+
+def _warn_shortened_loops(graph_def) -> None:
+    """TF1's ``dynamic_rnn`` given a ``sequence_length`` runs its loop min(T, max(sequence_length))
+    steps and pads its output to T; tf2onnx's Loop returns only the steps it ran, so where every row
+    is shorter than T the ONNX output is shorter than TensorFlow's. Warn: the values are right, the
+    shape is not."""
+    producers = {node.name: node for node in graph_def.node}
+
+    def made_by(tensor: str, op: str):
+        node = producers.get(tensor.split(":")[0].lstrip("^"))
+        return node if node is not None and node.op == op else None
+
+    for loop in (n for n in graph_def.node if n.op in _WHILE_OPS):
+        for bound in filter(None, (made_by(t, "Minimum") for t in loop.input)):
+            longest = [m for m in map(lambda t: made_by(t, "Maximum"), bound.input) if m is not None
+                       and any(made_by(t, "Max") for t in m.input)]
+            if longest:
+                logger.warning("%s runs max(sequence_length) steps (TF1's dynamic_rnn with a sequence_length): "
+                               "its converted Loop returns that many steps, fewer than TensorFlow's output has "
+                               "where every row of a batch is shorter than the input", loop.name)
