@@ -182,8 +182,9 @@ class Emission:
         inputs[Slot.B] = self.stacked_const("B", "B")
         for role in first.kind.state_roles:
             inputs[_STATE_INPUT[role]] = self.initial_state(role)
-        while inputs[-1] == "":
-            inputs.pop()
+        # absent inputs stay "" up to the kind's last state slot: onnxruntime's gradient builders give
+        # the backward node the forward node's inputs by position, so a shorter list misplaces them
+        del inputs[max(_STATE_INPUT[role] for role in first.kind.state_roles) + 1:]
         count = first.kind.state_count + 1
         directions, hidden = len(layer.passes), first.hidden_size
         shapes = [[-1, directions, -1, hidden]] + [[directions, -1, hidden]] * first.kind.state_count
