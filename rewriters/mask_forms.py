@@ -129,12 +129,16 @@ class Masks:
 
     form: MaskForm = SEQUENCE_LENS  # the form a masked layer takes unless it needs another
     post_padded: bool = False  # every row's kept steps are assumed to come first: nothing is compacted
+    forward_nodes: bool = False  # every node runs forward (target "training": the training kernels' only one)
 
     def form_for(self, layer: RecurrentLayer, final_roles: set) -> MaskForm:
         """The form ``layer`` takes (``final_roles``: the states its node must give at its end). The
-        portable form also takes an unmasked layer that would run ``direction="reverse"``, and
-        leaves a masked layer whose final cell state is used the ``sequence_lens`` form."""
-        if self.form is SEQUENCE_LENS or (layer.mask is None and layer.direction is not NodeDirection.REVERSE):
+        portable form also takes an unmasked layer that would run ``direction="reverse"`` (with
+        ``forward_nodes``, any that would not run forward), and leaves a masked layer whose final
+        cell state is used the ``sequence_lens`` form."""
+        runs_as_is = layer.direction is NodeDirection.FORWARD or (
+            layer.direction is NodeDirection.BIDIRECTIONAL and not self.forward_nodes)
+        if self.form is SEQUENCE_LENS or (layer.mask is None and runs_as_is):
             return SEQUENCE_LENS
         if layer.mask is not None and StateRole.CELL in final_roles:
             return MaskForm("kept for the portable target: the final cell state c is used, and without "
@@ -160,7 +164,9 @@ class Masks:
         return pass_.direction is Direction.BACKWARD and (not wiring.sequence_output or post_padded_sequence)
 
 
-def select_masks(portable: bool = False, post_padded: bool = False) -> Masks:
+def select_masks(portable: bool = False, post_padded: bool = False, training: bool = False) -> Masks:
     """How masked layers are emitted in a conversion: with computed ``sequence_lens``, or in the
-    portable form; compacted (exact for any mask), or with post-padding assumed."""
-    return Masks(PORTABLE if portable else SEQUENCE_LENS, post_padded)
+    portable form; compacted (exact for any mask), or with post-padding assumed. ``training``: the
+    portable form, every node running forward (onnxruntime's training kernels take neither
+    ``sequence_lens`` nor another direction)."""
+    return Masks(PORTABLE if portable or training else SEQUENCE_LENS, post_padded, forward_nodes=training)

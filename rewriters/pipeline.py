@@ -42,15 +42,15 @@ def _describe(error: Exception) -> str:
 
 def make_rewriter(findings: Findings, layer_of: Optional[Callable[[str], Optional[str]]] = None, *,
                   portable: bool = False, post_padded: bool = False, streaming: bool = False,
-                  fused_ops: Optional[dict] = None,
+                  training: bool = False, fused_ops: Optional[dict] = None,
                   allowed: Approximations = Approximations()) -> Optional["RecurrentRewriter"]:
     """The rewriter for one conversion, with its variants chosen once: how masked layers are emitted
-    (:func:`.mask_forms.select_masks` from ``portable`` and ``post_padded``) and how states meet the
+    (:func:`.mask_forms.select_masks` from ``portable``, ``post_padded`` and ``training``) and how states meet the
     model (:func:`.states.select_states` from ``streaming``). ``fused_ops``: a TFLite file's fused
     recurrent ops, node name -> its :class:`.description.FusedLayout`. None when it cannot even be built (an
     internal error, noted in ``findings.setup_error`` so that every recurrent loop's row can say so)."""
     try:
-        return RecurrentRewriter(Rows(findings), layer_of, select_masks(portable, post_padded),
+        return RecurrentRewriter(Rows(findings), layer_of, select_masks(portable, post_padded, training),
                                  select_states(streaming), fused_ops, allowed)
     except Exception as error:  # noqa: BLE001 - the conversion goes on without fusing
         findings.setup_error = f"internal error while setting up the rewriter: {_describe(error)}"

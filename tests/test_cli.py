@@ -7,6 +7,7 @@ Everything else calls :func:`tf2onnx_rnn.convert.main` in the test process.
 from __future__ import annotations
 
 import collections
+import importlib.util
 import math
 import os
 import re
@@ -394,6 +395,9 @@ BAD_INPUTS = [
              "--outputs applies to --graphdef and --checkpoint only"),
     BadInput("drop-cell-clip-with-saved-model", ("--saved-model", "{keras3_saved_model}", "--drop-cell-clip",
                                                  "--output", "{output}"), "--drop-cell-clip applies to --tflite only"),
+    BadInput("training-artifacts-without-the-training-build",
+             ("--saved-model", "{keras3_saved_model}", "--training-artifacts", "{outdir}/artifacts", "--output",
+              "{output}"), "training artifacts need onnxruntime's training build"),
     BadInput("output-is-a-directory", ("--keras", "{keras3_file}", "--output", "{outdir}"),
              "--output is a directory", output_dir_ok=False),
     BadInput("output-dir-missing", ("--keras", "{keras3_file}", "--output", "{outdir}/missing/model.onnx"),
@@ -432,8 +436,15 @@ def _snapshot(directory) -> dict:
 
 
 # each case with no output file, and (where the output's directory can hold one) with an old one
+def _applies(case: BadInput) -> bool:
+    """Every case applies, but the one for a missing training build where it is installed."""
+    return case.id != "training-artifacts-without-the-training-build" or \
+        importlib.util.find_spec("onnxruntime.training") is None
+
+
 BAD_INPUT_PARAMS = [pytest.param(case, existing, id=f"{case.id}-{'existing' if existing else 'absent'}")
-                    for case in BAD_INPUTS for existing in (False, True) if case.output_dir_ok or not existing]
+                    for case in BAD_INPUTS if _applies(case)
+                    for existing in (False, True) if case.output_dir_ok or not existing]
 
 
 @pytest.mark.parametrize("case, existing", BAD_INPUT_PARAMS)

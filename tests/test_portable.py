@@ -290,7 +290,7 @@ def test_unmasked_layers_are_unchanged_but_reverse_nodes():
 def test_portable_is_a_known_target():
     from tf2onnx import constants
 
-    assert set(options.known_targets()) == set(constants.POSSIBLE_TARGETS) | {"portable"}
+    assert set(options.known_targets()) == set(constants.POSSIBLE_TARGETS) | {"portable", "training"}
     assert options.Options.of(target="portable").portable
     assert options.Options.of(target=["tensorrt", "portable"]).portable
     assert not options.Options.of(target="tensorrt").portable and not options.Options.of().portable

@@ -59,11 +59,12 @@ from .api import (convert_checkpoint, convert_graph_def, convert_keras, convert_
                   keras_input_signature, report_of)
 from .errors import ConversionError, VerificationError
 from .report import METADATA_KEY, ConversionReport, LoopOutcome
+from .training import trainable_parameters, write_training_artifacts
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ConversionError", "ConversionReport", "VerificationError", "LoopOutcome", "METADATA_KEY", "convert_keras",
     "convert_saved_model", "convert_tflite", "convert_graph_def", "convert_checkpoint", "keras_input_signature",
-    "report_of", "__version__",
+    "report_of", "trainable_parameters", "write_training_artifacts", "__version__",
 ]

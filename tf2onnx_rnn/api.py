@@ -30,6 +30,7 @@ from .sources.graph_def import Checkpoint, GraphDefFile
 from .sources.keras_model import KerasModel, keras_input_signature
 from .sources.saved_model import SavedModel
 from .sources.tflite import TFLite
+from .training import training_form
 from .translate import to_onnx
 
 logger = logging.getLogger("tf2onnx_rnn")
@@ -185,6 +186,8 @@ def convert(frozen: Frozen, options: Options) -> Conversion:
     loops = frozen.loops if frozen.loops is not None else recurrent_loops(frozen.graph_def)
     unrolled = unrolled_layers(frozen.graph_def) if frozen.graph_def is not None else []
     report = reconcile(findings, loops, model_proto, frozen.layer_names, unrolled)
+    if options.training:
+        report = training_form(model_proto, report)
     report.outcomes = [dataclasses.replace(o, stateful=True) if o.layer in frozen.stateful_layers else o
                        for o in report.outcomes]
     if options.streaming:

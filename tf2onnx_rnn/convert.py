@@ -21,10 +21,10 @@ import tempfile
 import traceback
 from typing import Optional, Sequence
 
-from . import api, sources
+from . import api, sources, training
 from .errors import ConversionError, first_line
 from .options import Options, check_tolerance
-from .output import check_output_path
+from .output import check_output_path, save_model
 from .sources.keras_file import use_tensorflow_backend
 
 EXIT_OK = 0
@@ -158,6 +158,13 @@ def build_parser() -> argparse.ArgumentParser:
                              "quantization) and integer-quantized fused LSTMs to native nodes computing in float "
                              "with the stored weights (outputs then differ from the TFLite interpreter by the "
                              "quantization's error)")
+    parser.add_argument("--training-artifacts", "--training_artifacts", dest="training_artifacts", metavar="DIR",
+                        help="convert in the training form (--target training) and write onnxruntime's training "
+                             "artifacts into DIR (needs onnxruntime's training build)")
+    parser.add_argument("--training-loss", "--training_loss", dest="training_loss", default="mse",
+                        choices=("mse", "crossentropy", "bce", "l1"), help="the artifacts' loss (default: mse)")
+    parser.add_argument("--training-optimizer", "--training_optimizer", dest="training_optimizer", default="adamw",
+                        choices=("adamw", "sgd"), help="the artifacts' optimizer (default: adamw)")
     parser.add_argument("--debug", action="store_true", help="show tracebacks and TensorFlow's log")
     return parser
 
@@ -226,8 +233,16 @@ def _options(args: argparse.Namespace) -> Options:
     return Options.of(opset=args.opset, assume_post_padded=args.assume_post_padded,
                       continue_on_error=args.continue_on_error, large_model=args.large_model,
                       rename_inputs=args.rename_inputs, rename_outputs=args.rename_outputs,
-                      inputs=args.inputs, streaming=args.streaming, target=args.target, extra_opset=args.extra_opset,
+                      inputs=args.inputs, streaming=args.streaming, target=_targets(args),
+                      extra_opset=args.extra_opset,
                       inputs_as_nchw=args.inputs_as_nchw, outputs_as_nchw=args.outputs_as_nchw)
+
+
+def _targets(args: argparse.Namespace):
+    """--target, with the training form when training artifacts are asked for."""
+    if not args.training_artifacts:
+        return args.target
+    return list(args.target or []) + ([] if "training" in (args.target or []) else ["training"])
 
 
 def _source(args: argparse.Namespace) -> sources.Source:
@@ -247,11 +262,13 @@ def run(args: argparse.Namespace) -> int:
     if note:
         print(note, file=sys.stderr)
     source = _source(args)
+    if args.training_artifacts:
+        training.training_build()  # before converting: nothing is written without it
     import_tensorflow(args.debug)
     options = _options(args)
     try:
-        conversion = api.run(source, output_path=args.output, verify=args.verify, tolerance=args.tolerance,
-                             options=options)
+        conversion = api.run(source, output_path=None if args.training_artifacts else args.output,
+                             verify=args.verify, tolerance=args.tolerance, options=options)
     except api.VerificationFailed as failure:
         print(failure.conversion.report.table())
         print(failure.result.table())
@@ -261,6 +278,11 @@ def run(args: argparse.Namespace) -> int:
     print(conversion.report.table())
     if conversion.verification is not None:
         print(conversion.verification.table())
+    if args.training_artifacts:  # the artifacts first: the model is written only when they are
+        written = training.write_training_artifacts(conversion.model_proto, args.training_artifacts,
+                                                    loss=args.training_loss, optimizer=args.training_optimizer)
+        conversion.written = save_model(conversion.model_proto, args.output, check_loads=False)
+        print("wrote training artifacts " + ", ".join(os.path.basename(f) for f in written))
     print("wrote " + " and ".join(conversion.written))
     return EXIT_OK
 

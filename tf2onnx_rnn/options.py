@@ -20,17 +20,20 @@ from .errors import ConversionError, param
 from .probes import check_opset
 
 PORTABLE = "portable"  # this package's own target: masked layers without a computed sequence_lens
+TRAINING = "training"  # and its form for onnxruntime's training API (see tf2onnx_rnn.training)
+OWN_TARGETS = (PORTABLE, TRAINING)
 
 
 @dataclass(frozen=True)
 class Options:
     """Every choice of a conversion. Each field is the API parameter of the same name, but for
     ``target``, which the API takes as one list: tf2onnx's targets here, :data:`PORTABLE` as
-    ``portable``."""
+    ``portable``, :data:`TRAINING` as ``training``."""
 
     opset: Optional[int] = None
     assume_post_padded: bool = False  # masked layers: every row's kept steps come first
     portable: bool = False  # masked layers without a computed sequence_lens (target "portable")
+    training: bool = False  # the form onnxruntime's training API takes (target "training")
     streaming: Optional[bool] = None  # recurrent states in and out of the model; None: for stateful models
     continue_on_error: bool = False  # write a model even when tf2onnx left ops it could not convert
     large_model: bool = False  # weights go to a file beside the model (external data)
@@ -52,7 +55,7 @@ class Options:
         """Options checked for what can be checked without the model: names, targets, opsets, shapes.
         A single string is one name (or one target) wherever a list of them is taken; None is "not
         given"."""
-        known = {f.name for f in dataclasses.fields(cls)} - {"portable"}
+        known = {f.name for f in dataclasses.fields(cls)} - set(OWN_TARGETS)
         unknown = sorted(set(given) - known)
         if unknown:
             raise ConversionError(f"unknown option {unknown[0]!r}; known: {', '.join(sorted(known))}")
@@ -69,7 +72,8 @@ class Options:
         given["extra_opset"] = tuple(extra_opsets(given.get("extra_opset", ())))
         given["inputs"] = input_shapes(given.get("inputs"))
         given["custom_rewriter"] = tuple(given.get("custom_rewriter", ()))
-        return cls(target=tuple(t for t in targets if t != PORTABLE), portable=PORTABLE in targets, **given)
+        return cls(target=tuple(t for t in targets if t not in OWN_TARGETS), portable=PORTABLE in targets,
+                   training=TRAINING in targets, **given)
 
     def tf2onnx_options(self) -> dict:
         """tf2onnx's own keyword arguments that these options give as they are (given ones only)."""
@@ -95,12 +99,13 @@ def name_list(names, option: str, unique: bool = False) -> tuple:
 
 
 def known_targets() -> tuple:
-    """The ``target`` values: tf2onnx's workarounds for particular runtimes, and :data:`PORTABLE`
-    (masked recurrent layers without a computed ``sequence_lens``, for runtimes that take it only
-    as a constant, such as tract), which this package handles and tf2onnx never sees."""
+    """The ``target`` values: tf2onnx's workarounds for particular runtimes, and this package's own,
+    which tf2onnx never sees: :data:`PORTABLE` (masked recurrent layers without a computed
+    ``sequence_lens``, for runtimes that take it only as a constant, such as tract) and
+    :data:`TRAINING` (the form onnxruntime's training API takes)."""
     from tf2onnx import constants
 
-    return tuple(constants.POSSIBLE_TARGETS) + (PORTABLE,)
+    return tuple(constants.POSSIBLE_TARGETS) + OWN_TARGETS
 
 
 def check_targets(targets: Sequence[str]) -> list:

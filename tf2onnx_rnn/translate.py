@@ -71,6 +71,7 @@ def _rewriter(frozen: Frozen, options: Options, findings: Findings):
 
         return make_rewriter(findings, frozen.layer_names, portable=options.portable,
                              post_padded=options.assume_post_padded, streaming=bool(options.streaming),
+                             training=options.training,
                              fused_ops=frozen.fused_ops, allowed=frozen.allowed)
     except Exception as error:  # noqa: BLE001 - the conversion goes on without fusing, exact
         findings.setup_error = f"internal error while setting up the rewriter: {type(error).__name__}: {error}"
