@@ -184,12 +184,23 @@ def _outputs(graph, loop, match: BodyMatch, others: frozenset = frozenset()) -> 
             else:
                 _require_single_element_list(graph, loop, slot)
                 last.extend(stacked)
-        elif slot in state_slots:
-            states.append((state_slots[slot], tensor))
-        elif match.masking is not None and slot == match.masking.output_slot:
-            raise NoMatch("the masked output's loop variable is used after the loop", loop.name)
         else:
-            raise NoMatch(f"loop output {slot} (not a state or the output) is used after the loop", loop.name)
+            states.append(state_output(loop, match, state_slots, slot, tensor))
+    return output_wiring(graph, loop, sequence, reversed_, last, states)
+
+
+def state_output(loop, match, state_slots: dict, slot: int, tensor: str) -> tuple:
+    """(role, tensor) of a loop output used after the loop that is not the layer's output: it must
+    be a state."""
+    if slot in state_slots:
+        return state_slots[slot], tensor
+    if match.masking is not None and slot == match.masking.output_slot:
+        raise NoMatch("the masked output's loop variable is used after the loop", loop.name)
+    raise NoMatch(f"loop output {slot} (not a state or the output) is used after the loop", loop.name)
+
+
+def output_wiring(graph, loop, sequence: list, reversed_: list, last: list, states: list) -> dict:
+    """The outputs the layer replaces, none of which may be a graph output."""
     require_not_graph_outputs(graph, sequence + reversed_ + last + [tensor for _, tensor in states], loop.name)
     return dict(sequence_output=tuple(sequence), reversed_output=tuple(reversed_), last_output=tuple(last),
                 final_states=tuple(states))

@@ -17,10 +17,10 @@ reads them into the same :class:`~.description.Pass` the other readers give.
 """
 from __future__ import annotations
 
-from .adapt import (constant_list, gate_weights, initial_states, mask_wiring, one_step, require_not_graph_outputs,
-                    reversals, slot_values)
+from .adapt import (constant_list, gate_weights, initial_states, mask_wiring, one_step, output_wiring, reversals,
+                    slot_values, state_output)
 from .body import BodyView
-from .description import BodyMatch, Direction, NoMatch, Pass, Wiring, require
+from .description import BodyMatch, Direction, Pass, Wiring, require
 from .skeleton import Skeleton, carried, sequences, time_index
 
 LOOP_OP = "TFL_WHILE"
@@ -125,13 +125,7 @@ def _outputs(graph, loop, match: BodyMatch) -> dict:
             else:
                 found = reversals(graph, [tensor])
                 (reversed_ if found else sequence).extend(found or [tensor])
-        elif slot in state_slots:
-            states.append((state_slots[slot], tensor))
-        elif match.masking is not None and slot == match.masking.output_slot:
-            raise NoMatch("the masked output's loop variable is used after the loop", loop.name)
         else:
-            raise NoMatch(f"loop output {slot} (not a state or the output) is used after the loop", loop.name)
-    require_not_graph_outputs(graph, sequence + reversed_ + last + [tensor for _, tensor in states], loop.name)
-    return dict(sequence_output=tuple(sequence), reversed_output=tuple(reversed_), last_output=tuple(last),
-                final_states=tuple(states))
+            states.append(state_output(loop, match, state_slots, slot, tensor))
+    return output_wiring(graph, loop, sequence, reversed_, last, states)
 

@@ -125,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--target", type=_names, metavar="TARGETS",
                         help="tf2onnx's workarounds for a runtime (comma-separated), and portable: masked "
                              "recurrent layers without a computed sequence_lens, for runtimes that take it only "
-                             "as a constant (tract)")
+                             "as a constant (tract), and training: the form onnxruntime's training API takes")
     parser.add_argument("--large_model", "--large-model", dest="large_model", action="store_true",
                         help="write the weights beside the model (FILE.data): for models over 2 GB")
     parser.add_argument("--continue_on_error", "--continue-on-error", dest="continue_on_error",
@@ -150,6 +150,13 @@ def build_parser() -> argparse.ArgumentParser:
                         metavar="FILES_OR_MODULES",
                         help="Python files or modules (comma-separated) defining the custom classes and functions a "
                              "Keras file uses; they are imported, so their code runs")
+    _add_tflite_flags(parser)
+    _add_training_flags(parser)
+    parser.add_argument("--debug", action="store_true", help="show tracebacks and TensorFlow's log")
+    return parser
+
+
+def _add_tflite_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--drop-cell-clip", "--drop_cell_clip", dest="drop_cell_clip", action="store_true",
                         help="TFLite: convert a fused LSTM that clips its cell state (cell_clip) without the clip, "
                              "where the clip could act (the model then equals the Keras layer, which never clips)")
@@ -158,6 +165,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "quantization) and integer-quantized fused LSTMs to native nodes computing in float "
                              "with the stored weights (outputs then differ from the TFLite interpreter by the "
                              "quantization's error)")
+
+
+def _add_training_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--training-artifacts", "--training_artifacts", dest="training_artifacts", metavar="DIR",
                         help="convert in the training form (--target training) and write onnxruntime's training "
                              "artifacts into DIR (needs onnxruntime's training build)")
@@ -165,8 +175,6 @@ def build_parser() -> argparse.ArgumentParser:
                         choices=("mse", "crossentropy", "bce", "l1"), help="the artifacts' loss (default: mse)")
     parser.add_argument("--training-optimizer", "--training_optimizer", dest="training_optimizer", default="adamw",
                         choices=("adamw", "sgd"), help="the artifacts' optimizer (default: adamw)")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks and TensorFlow's log")
-    return parser
 
 
 # -- environment -------------------------------------------------------------------------------

@@ -195,7 +195,8 @@ def write_training_artifacts(model_proto: onnx.ModelProto, directory: str, train
     trainable = list(trainable_parameters(model_proto) if trainable is None else trainable)
     unknown = [name for name in trainable if name not in names]
     if unknown or not trainable:
-        raise ConversionError(f"no initializer {unknown[0]!r} to train" if unknown else "the model has nothing to train")
+        raise ConversionError(f"no initializer {unknown[0]!r} to train" if unknown else
+                              "the model has nothing to train")
     directory = os.path.abspath(directory)
     if os.path.exists(directory) and not os.path.isdir(directory):
         raise ConversionError(f"not a directory: {directory}")
