@@ -83,8 +83,10 @@ MODELS = ("lstm", "gru", "gru_reset_before", "simple_rnn", "lstm_backwards", "ls
           "bidirectional_gru", "stack", "stack_lstm_gru", "lstm_states", "masked_lstm", "masked_gru")
 # the TFLite converter gives a tf_keras LSTM's state variable to the GRU above it as its zero initial
 # state, so the file differs from Keras (test_a_shared_state_variable_is_read_as_the_interpreter_does)
+# (TensorFlow 2.15's own Keras 2 exports as tf_keras does)
+KERAS2 = tuple(flavor for flavor in parity.FLAVORS if flavor != "keras3")
 CASES = [(flavor, name) for flavor in parity.FLAVORS for name in MODELS
-         if (flavor, name) != ("tf_keras", "stack_lstm_gru")]
+         if not (flavor in KERAS2 and name == "stack_lstm_gru")]
 DYNAMIC_TIME = ("lstm", "gru", "bidirectional_lstm", "masked_lstm")
 
 
@@ -126,14 +128,18 @@ def keras_outputs(model, x: np.ndarray) -> list:
     return parity.keras_outputs(model, [x])
 
 
-def check_converted(flavor: str, name: str, batch: int, time, like_keras: bool = True, **options):
-    """Convert, check no loop is left, and compare with the interpreter and (``like_keras``) Keras;
-    the report."""
+SHARED_NOTE = "reads the state this layer leaves"
+
+
+def check_converted(flavor: str, name: str, batch: int, time, **options):
+    """Convert, check no loop is left, and compare with the interpreter and Keras (from which the
+    file differs where its converter shared a state variable, which the report says); the report."""
     built = exported(flavor, name, batch, time)
     proto = convert_tflite(built.path, **options)
     assert not helpers.nodes_of_types(proto, helpers.LOOP_OPS), helpers.op_counts(proto)
     report = report_of(proto)
     assert report.outcomes and all(o.fused for o in report.outcomes), report.table()
+    like_keras = not any(SHARED_NOTE in o.activations for o in report.outcomes)
     session = helpers.ort_session(proto)
     (onnx_input,) = session.get_inputs()
     for round_, steps in enumerate((TIME,) if time else (TIME, 2, 9)):
@@ -168,13 +174,16 @@ def test_dynamic_time_fuses_exactly(flavor, name):
     check_converted(flavor, name, 2, None, drop_cell_clip=True)
 
 
+@pytest.mark.parametrize("flavor", KERAS2)
 @pytest.mark.parametrize("batch", BATCHES)
-def test_a_shared_state_variable_is_read_as_the_interpreter_does(batch):
+def test_a_shared_state_variable_is_read_as_the_interpreter_does(flavor, batch):
     """tf_keras LSTM -> GRU: the TFLite converter merges the GRU's zero initial state with the LSTM's
     state variable, which the LSTM op leaves holding its final state. The conversion computes what
-    the interpreter does (not what Keras does) and its report says so."""
-    report = check_converted("tf_keras", "stack_lstm_gru", batch, TIME, like_keras=False)
-    assert any("reads the state this layer leaves" in o.activations for o in report.outcomes), report.table()
+    the interpreter does (not what Keras does) and its report says so. (TensorFlow 2.15's converter
+    shares it in some exports only: where it does not, the file and the conversion equal Keras.)"""
+    report = check_converted(flavor, "stack_lstm_gru", batch, TIME)
+    if parity.KERAS3:  # the newest stack: always shared
+        assert any(SHARED_NOTE in o.activations for o in report.outcomes), report.table()
 
 
 def test_the_export_paths_differ_by_flavor():
@@ -251,6 +260,12 @@ def quantized(flavor: str, kind: str, how: str) -> Exported:
     return Exported(model, path)
 
 
+def tf_version() -> tuple:
+    import tensorflow as tf
+
+    return tuple(int(part) for part in tf.__version__.split(".")[:2])
+
+
 def _max_error(path: str, proto) -> float:
     x = np.random.default_rng(3).standard_normal((2, TIME, 64)).astype(np.float32)
     session = helpers.ort_session(proto)
@@ -260,6 +275,8 @@ def _max_error(path: str, proto) -> float:
 
 @pytest.mark.parametrize("flavor, kind", [(parity.FLAVORS[0], "GRU"), ("tf_keras", "LSTM")])
 def test_float16_weights_fuse_exactly(flavor, kind):
+    if kind == "LSTM" and tf_version() < (2, 16):
+        pytest.skip("TensorFlow 2.15's TFLite converter exhausts memory exporting a float16 tf_keras LSTM")
     built = quantized(flavor, kind, "float16")
     proto = convert_tflite(built.path)
     assert not helpers.nodes_of_types(proto, helpers.LOOP_OPS)
