@@ -13,7 +13,8 @@ direction, in Keras 3 and tf_keras, every weight randomized:
 - every node keeps its optional inputs up to its initial states (as ``""`` when absent);
 - a SimpleRNN becomes a GRU whose gates are held by initializers of their own, listed in the model's
   metadata and never among :func:`tf2onnx_rnn.trainable_parameters`, which holds every recurrent
-  weight and bias and the Dense layers'.
+  weight and bias and the Dense layers'; a node whose Keras layer has one bias (LSTM, GRU with
+  ``reset_after=False``, SimpleRNN) trains one, its recurrent bias held at zero.
 """
 from __future__ import annotations
 
@@ -84,10 +85,19 @@ def parameter_problems(proto) -> list:
             parts = producers[name].input if name in producers and producers[name].op_type == "Concat" else [name]
             if not [p for p in parts if p in trainable]:
                 problems.append(f"{node.name}: nothing of {name} trains")
+    # held: a held-gate GRU's weights and biases (4), and the recurrent bias of a node whose Keras layer
+    # has one bias (LSTM, GRU with linear_before_reset=0), held at zero (1)
     gates = [n for n in helpers.nodes_of_types(proto, {"GRU"}) if n.input[1] in producers]
-    if len(held) != 4 * len(gates):
-        problems.append(f"{len(held)} held initializers for {len(gates)} held-gate GRUs")
+    one_bias = [n for n in helpers.nodes_of_types(proto, {"LSTM", "GRU"}) if n.input[1] not in producers
+                and not helpers.attribute(n, "linear_before_reset") and n.name not in untrainable_nodes(proto)]
+    if len(held) != 4 * len(gates) + len(one_bias):
+        problems.append(f"{len(held)} held initializers for {len(gates)} held-gate GRUs and {len(one_bias)} "
+                        "one-bias nodes")
     return problems
+
+
+def untrainable_nodes(proto) -> set:
+    return {o.node for o in report_of(proto).outcomes if UNTRAINABLE in o.activations}
 
 
 def check_masked(flavor: str, case) -> None:

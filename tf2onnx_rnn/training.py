@@ -13,6 +13,9 @@ adds what inference does not need:
   reset gate at 1 by weights that are not trained (zero input and recurrent weights, biases of
   -/+ :data:`HOLD`, kept as initializers of their own and listed in the model's metadata under
   :data:`HELD_KEY`), so ``h = tanh(W x + R h + b)`` as the RNN computes;
+- one trained bias where the Keras layer has one (LSTM, GRU ``reset_after=False``, SimpleRNN):
+  ONNX adds its input and recurrent biases, so training both would move their sum twice as fast
+  as Keras moves its bias; the sum trains and the recurrent half is held at zero;
 - a report note on every layer that still cannot train, and why.
 """
 from __future__ import annotations
@@ -44,14 +47,17 @@ def training_form(model_proto: onnx.ModelProto, report):
     initializers = {i.name: i for i in graph.initializer}
     held, renamed, nodes = [], set(), []
     for node in graph.node:
-        gru = _held_gate_gru(node, initializers) if node.op_type == "RNN" and not _untrainable(node) else None
-        if gru is None:
+        rewritten = None
+        if node.op_type in _RECURRENT and not _untrainable(node):
+            rewritten = _held_gate_gru(node, initializers) if node.op_type == "RNN" else _one_bias(node, initializers)
+        if rewritten is None:
             nodes.append(node)
             continue
-        added, made = gru
+        added, made = rewritten
         nodes.extend(made)
         held.extend(added)
-        renamed.add(node.name)
+        if node.op_type == "RNN":
+            renamed.add(node.name)
     del graph.node[:]
     graph.node.extend(nodes)
     used = {name for node in graph.node for name in node.input}
@@ -62,6 +68,29 @@ def training_form(model_proto: onnx.ModelProto, report):
         _add_metadata(model_proto, HELD_KEY, held)
     written = {n.name: n for n in graph.node}
     return dataclasses.replace(report, outcomes=[_row(o, written.get(o.node), renamed) for o in report.outcomes])
+
+
+def _one_bias(node: onnx.NodeProto, initializers: dict) -> Optional[tuple]:
+    """An LSTM's or a GRU's (``linear_before_reset=0``) biases as its Keras layer has them: ONNX adds
+    Wb and Rb, so training both would move their sum twice as fast as Keras moves its one bias. Wb
+    takes their sum and trains; Rb is held at zero. (A GRU with ``linear_before_reset=1`` has both,
+    as Keras's ``reset_after`` layer.) (held names, the nodes), or None where nothing changes."""
+    attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    b = node.input[3] if len(node.input) > 3 else ""
+    if (node.op_type == "GRU" and attributes.get("linear_before_reset", 0)) or b not in initializers:
+        return None
+    bias = numpy_helper.to_array(initializers[b])
+    half = bias.shape[-1] // 2
+    names = {"Wb": f"{node.name}/Wb", "held_Rb": f"{node.name}/held_Rb"}
+    values = {"Wb": bias[..., :half] + bias[..., half:], "held_Rb": np.zeros_like(bias[..., half:])}
+    for key, value in values.items():
+        initializers[names[key]] = numpy_helper.from_array(np.ascontiguousarray(value), names[key])
+    concat = helper.make_node("Concat", [names["Wb"], names["held_Rb"]], [f"{node.name}/B"],
+                              name=f"{node.name}/concat_B", axis=1)
+    rewired = onnx.NodeProto()
+    rewired.CopyFrom(node)
+    rewired.input[3] = concat.output[0]
+    return [names["held_Rb"]], [concat, rewired]
 
 
 def _row(outcome, node, renamed: dict):
@@ -113,14 +142,14 @@ def _held_gate_gru(node: onnx.NodeProto, initializers: dict) -> Optional[tuple]:
         "held_W": np.zeros((1, 2 * hidden, features), dtype),
         "held_R": np.zeros((1, 2 * hidden, hidden), dtype),
         "held_Wb": np.concatenate([np.full(hidden, -HOLD), np.full(hidden, HOLD)]).astype(dtype)[None],
-        "held_Rb": np.zeros((1, 2 * hidden), dtype),
-        "Wb": bias[:, :hidden], "Rb": bias[:, hidden:],  # the RNN's own biases, trained as before
+        "held_Rb": np.zeros((1, 3 * hidden), dtype),
+        "Wb": bias[:, :hidden] + bias[:, hidden:],  # the RNN's bias, one as Keras's (see _one_bias)
     }
     names = {key: f"{node.name}/{key}" for key in values}
     for key, value in values.items():
         initializers[names[key]] = numpy_helper.from_array(np.ascontiguousarray(value), names[key])
     parts = {"W": [names["held_W"], w], "R": [names["held_R"], r],
-             "B": [names[k] for k in ("held_Wb", "Wb", "held_Rb", "Rb")]}
+             "B": [names[k] for k in ("held_Wb", "Wb", "held_Rb")]}
     made = [helper.make_node("Concat", inputs, [f"{node.name}/{key}"], name=f"{node.name}/concat_{key}", axis=1)
             for key, inputs in parts.items()]
     made.append(helper.make_node("GRU", [x] + [m.output[0] for m in made] + list(node.input[4:]), list(node.output),
@@ -169,11 +198,19 @@ def trainable_parameters(model_proto: onnx.ModelProto) -> list:
         elif node.op_type in ("MatMul", "Gemm"):
             for name in node.input[1:]:
                 take(name)
-        elif node.op_type == "Add" and any(producers.get(t) is not None and producers[t].op_type == "MatMul"
-                                           for t in node.input):
+        elif node.op_type == "Add" and any(_after_matmul(producers, t) for t in node.input):
             for name in node.input:
                 take(name)
     return found
+
+
+def _after_matmul(producers: dict, tensor: str) -> bool:
+    """Whether ``tensor`` is a MatMul's product, through reshapes (a Dense layer's bias is added there)."""
+    producer = producers.get(tensor)
+    while producer is not None and producer.op_type in ("Reshape", "Transpose", "Squeeze", "Unsqueeze", "Identity",
+                                                        "Flatten"):
+        producer = producers.get(producer.input[0])
+    return producer is not None and producer.op_type in ("MatMul", "Gemm")
 
 
 def write_training_artifacts(model_proto: onnx.ModelProto, directory: str, trainable: Optional[Sequence[str]] = None,
