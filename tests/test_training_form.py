@@ -197,3 +197,24 @@ def test_training_form_keeps_the_default_form_apart():
     assert len(held_parameters(trained)) == 4
     dense = [n for n in trained.graph.node if n.op_type == "MatMul"]
     assert dense and dense[0].input[1] in trainable_parameters(trained)
+
+
+@pytest.mark.parametrize("what, build, message", [
+    ("a layer left a Loop", lambda K: K.layers.LSTM(parity.UNITS, activation="selu"), "is a Loop or Scan"),
+    ("an RNN node", lambda K: K.layers.SimpleRNN(parity.UNITS), "an RNN node, which has no gradient"),
+    ("a masked layer's sequence_lens", "masked", "takes sequence_lens"),
+])
+def test_what_cannot_train_is_refused_before_anything_runs(what, build, message, tmp_path):
+    """The default form's models that onnxruntime's training build cannot take are refused in one
+    line naming the node (its artifact generation would abort the process on a Loop)."""
+    K = parity.keras_module(parity.FLAVORS[0])
+    x = K.Input((None, parity.FEATURES), name="x")
+    if build == "masked":
+        out = K.layers.GRU(parity.UNITS)(K.layers.Masking()(x))
+    else:
+        out = build(K)(x)
+    proto = tf2onnx_rnn.convert_keras(K.Model(x, out))
+    with pytest.raises(tf2onnx_rnn.ConversionError, match=message) as refused:
+        tf2onnx_rnn.write_training_artifacts(proto, str(tmp_path / "artifacts"))
+    assert "\n" not in str(refused.value) and "cannot train in onnxruntime" in str(refused.value)
+    assert not (tmp_path / "artifacts").exists()

@@ -222,6 +222,7 @@ def write_training_artifacts(model_proto: onnx.ModelProto, directory: str, train
     ``"crossentropy"``, ``"bce"`` or ``"l1"`` over the model's outputs; ``optimizer``: ``"adamw"``
     or ``"sgd"``. Returns the files written. Needs onnxruntime's training build
     (``onnxruntime-training``)."""
+    check_trainable(model_proto)
     artifacts = training_build()
     losses = {"mse": "MSELoss", "crossentropy": "CrossEntropyLoss", "bce": "BCEWithLogitsLoss", "l1": "L1Loss"}
     optimizers = {"adamw": "AdamW", "sgd": "SGD"}
@@ -259,6 +260,28 @@ def write_training_artifacts(model_proto: onnx.ModelProto, directory: str, train
             from error
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def check_trainable(model_proto: onnx.ModelProto) -> None:
+    """:class:`ConversionError` naming what onnxruntime's training build cannot differentiate: a
+    Loop or Scan (its artifact generation aborts the process on one), a recurrent node its training
+    kernels refuse, an RNN node (no gradient)."""
+    for node in model_proto.graph.node:
+        why = ""
+        if node.op_type in ("Loop", "Scan"):
+            why = "a Loop or Scan, which onnxruntime's training build cannot differentiate (a layer the report " \
+                  "says stayed a Loop)"
+        elif node.op_type == "RNN":
+            why = "an RNN node, which has no gradient in onnxruntime: convert with target=\"training\" (--target " \
+                  "training), which makes it a GRU computing the same"
+        elif node.op_type in _RECURRENT:
+            why = _untrainable(node)
+            if why and len(node.input) > _SEQUENCE_LENS and node.input[_SEQUENCE_LENS]:
+                why += "; convert with target=\"training\" (--target training) where the layer allows"
+        if why:
+            raise ConversionError(f"the model cannot train in onnxruntime: node {node.name!r} is {why}"
+                                  if node.op_type in ("Loop", "Scan", "RNN") else
+                                  f"the model cannot train in onnxruntime: node {node.name!r}: {why}")
 
 
 def training_build():
