@@ -120,6 +120,7 @@ def fused_passes(graph, node, layout: Optional[FusedLayout], name: str,
     require(activation is not None, f"{op.what}'s activation {_attr(node, 'fused_activation_function')} has no "
             "ONNX recurrent equivalent", node.name)
     batch_major = not _attr(node, "time_major", 0)
+    _check_merged_batch(graph, node, op, inputs[_X], batch_major)
     if op.onnx_op == "LSTM":
         _check_clip(graph, node, inputs[_X], batch_major, bound, allowed)
         activations = (Activation("Sigmoid"), activation, activation)
@@ -193,6 +194,18 @@ def _shared_states(graph, node, op: FusedOp, inputs: dict, layout: FusedLayout) 
     return found
 
 
+def _check_merged_batch(graph, node, op: FusedOp, x: str, batch_major: bool) -> None:
+    """TFLite's bidirectional LSTM kernel, batch-major with merged outputs, gives rows past the second
+    of a batch that are not its two directions joined (measured: the unmerged op and the ONNX node
+    agree, the merged kernel does not): the conversion would differ from the file there."""
+    if node.type != "TFL_BIDIRECTIONAL_SEQUENCE_LSTM" or not batch_major or len(node.output) != 1:
+        return
+    shape = graph.get_shape(x) or []
+    require(len(shape) == 3 and shape[0] == 1, f"{op.what} merges its outputs batch-major over a batch other than "
+            "1, where the TFLite kernel's rows after the second are not its two directions joined: the conversion "
+            "would differ from the file there", node.name)
+
+
 def _check_clip(graph, node, x: str, batch_major: bool, bound: Optional[float], allowed: Approximations) -> None:
     """A cell clip is exact to leave out where it can never act (see the module's note)."""
     clip = float(_attr(node, "cell_clip", 0.0) or 0.0)
@@ -202,10 +215,11 @@ def _check_clip(graph, node, x: str, batch_major: bool, bound: Optional[float], 
     shape = graph.get_shape(x) or []
     steps = shape[1 if batch_major else 0] if len(shape) == 3 else -1
     never = bound is not None and steps is not None and 0 < steps and steps * bound <= clip
-    require(never, f"the fused LSTM clips its cell state at +-{clip:g} each step (cell_clip), which ONNX's LSTM cannot: "
-            f"over {'a dynamic number of' if not steps or steps < 0 else steps} steps the clip can act, and the model "
-            "would differ from the TFLite file there (it would equal the Keras layer, which does not clip); convert "
-            "with drop_cell_clip=True (--drop-cell-clip) to leave it out", node.name)
+    over = "a dynamic number of" if not steps or steps < 0 else steps
+    require(never, f"the fused LSTM clips its cell state at +-{clip:g} each step (cell_clip), which ONNX's LSTM "
+            f"cannot: over {over} steps the clip can act, and the model would differ from the TFLite file there (it "
+            "would equal the Keras layer, which does not clip); convert with drop_cell_clip=True (--drop-cell-clip) "
+            "to leave it out", node.name)
 
 
 def _weights(graph, op: FusedOp, half: _Half, inputs: dict, where: str, allowed: Approximations) -> dict:
