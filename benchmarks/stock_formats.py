@@ -1,0 +1,184 @@
+"""What stock tf2onnx and tf2onnx-rnn make of TFLite files and frozen graphs: the measurement behind
+the README's format table.
+
+Every TFLite model of ``tests/test_tflite.py`` (both Keras flavors, batch 1 and 5, fixed and
+dynamic time) and the frozen Keras graphs of ``tests/test_graph_def.py`` are converted by stock
+tf2onnx (``tf2onnx.convert.from_tflite``; for graphs its command line) and by this package, and so
+are TF1-style graphs (``tf1_graphs.py``: dynamic_rnn and bidirectional_dynamic_rnn over TF1's
+cells, with and without sequence_length). For each, the result: the
+recurrent ops in the written graph (``LSTM``, ``Loop`` ...), or the error, and whether
+onnxruntime loads and matches the TFLite interpreter (or TensorFlow) on random inputs.
+
+    python benchmarks/stock_formats.py [--out benchmarks/results/formats.md]
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import sys
+import traceback
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+RECURRENT = ("LSTM", "GRU", "RNN", "Loop", "Scan")
+
+
+def _kinds(model_proto) -> str:
+    """The recurrent ops of a model (with counts), or what else it keeps that onnxruntime cannot run."""
+    counts = collections.Counter(n.op_type for n in model_proto.graph.node)
+    found = [f"{op}x{counts[op]}" if counts[op] > 1 else op for op in RECURRENT if counts[op]]
+    foreign = sorted({op for op in counts if op.startswith(("TFL_", "TensorList"))})
+    return " ".join(found + [f"unconverted {', '.join(foreign)}"] if foreign else found) or "no recurrent op"
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0][:110] if lines else ''}"
+
+
+def _compare(model_proto, reference, x) -> str:
+    """``x``: the one input's value, or input name -> value."""
+    import onnxruntime as ort
+
+    try:
+        session = ort.InferenceSession(model_proto.SerializeToString(), providers=["CPUExecutionProvider"])
+        feed = {i.name: x[i.name.split(":")[0]] for i in session.get_inputs()} if isinstance(x, dict) else \
+            {session.get_inputs()[0].name: x}
+        actual = session.run(None, feed)
+    except Exception as error:  # noqa: BLE001 - what onnxruntime says is the measurement
+        return f"onnxruntime: {_first_line(error)}"
+    expected = reference(x)
+    if [a.shape for a in actual] != [e.shape for e in expected]:
+        return "wrong shapes"
+    return f"max error {max(float(np.max(np.abs(a - e))) for a, e in zip(actual, expected)):.1e}"
+
+
+def stock_tflite(path: str):
+    from tf2onnx import convert
+
+    model_proto, _ = convert.from_tflite(path)
+    return model_proto
+
+
+def stock_graph_def(path: str, inputs: list, outputs: list):
+    """Stock tf2onnx's command line on the frozen graph, in a process of its own (as a user runs it)."""
+    import subprocess
+    import tempfile
+
+    import onnx
+
+    with tempfile.TemporaryDirectory() as folder:
+        target = os.path.join(folder, "stock.onnx")
+        command = [sys.executable, "-m", "tf2onnx.convert", "--graphdef", path, "--inputs", ",".join(inputs),
+                   "--outputs", ",".join(outputs), "--output", target]
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:
+            errors = [line for line in done.stderr.splitlines() if "Error" in line] or done.stderr.splitlines()[-1:]
+            raise RuntimeError(errors[-1].strip() if errors else f"exit code {done.returncode}")
+        return onnx.load(target)
+
+
+def measure(name: str, stock, ours, reference, x: np.ndarray) -> tuple:
+    row = [name]
+    for convert in (stock, ours):
+        try:
+            model_proto = convert()
+        except Exception as error:  # noqa: BLE001 - a failure is the measurement
+            row.append(f"fails: {_first_line(error)}")
+            continue
+        row.append(f"{_kinds(model_proto)}; {_compare(model_proto, reference, x)}")
+    return tuple(row)
+
+
+def tflite_rows() -> list:
+    import test_tflite as models
+    from tf2onnx_rnn import convert_tflite
+
+    rows = []
+    cases = [(f, n, b, models.TIME) for f, n in models.CASES for b in models.BATCHES]
+    cases += [(f, n, 2, None) for f in models.parity.FLAVORS for n in models.DYNAMIC_TIME]
+    cases += [("tf_keras", "stack_lstm_gru", b, models.TIME) for b in models.BATCHES]
+    for flavor, name, batch, time in cases:
+        built = models.exported(flavor, name, batch, time)
+        x = models.inputs_for(name, batch, time or 7, seed=0)
+
+        def reference(x, path=built.path):
+            return list(models.run_tflite(path, x).values())
+
+        label = f"{flavor} {name} b{batch} {'T dynamic' if time is None else f'T={time}'}"
+        rows.append(measure(label, lambda: stock_tflite(built.path),
+                            lambda: convert_tflite(built.path, drop_cell_clip=time is None), reference, x))
+        print(" | ".join(rows[-1]), flush=True)
+    return rows
+
+
+def graph_def_rows() -> list:
+    import test_graph_def as graphs
+    from tf2onnx_rnn import convert_graph_def
+
+    rows = []
+    for flavor in graphs.parity.FLAVORS:
+        for lowered in (False, True):
+            model, path, inputs, outputs = graphs.frozen_keras(flavor, lowered)
+            x = np.random.default_rng(0).standard_normal((3, 6, graphs.FEATURES)).astype(np.float32)
+            label = f"{flavor} LSTM -> Bidirectional(GRU), frozen, lower_control_flow={lowered}"
+            rows.append(measure(label, lambda: stock_graph_def(path, inputs, outputs),
+                                lambda: convert_graph_def(path, inputs=inputs, outputs=outputs),
+                                lambda x, model=model: [np.asarray(model(x, training=False))], x))
+            print(" | ".join(rows[-1]), flush=True)
+    return rows
+
+
+def tf1_rows() -> list:
+    import subprocess
+    import tempfile
+
+    from tf2onnx_rnn import convert_graph_def
+
+    folder = tempfile.mkdtemp(prefix="tf1_graphs_")
+    subprocess.run([sys.executable, os.path.join(HERE, "tf1_graphs.py"), folder], check=True, capture_output=True,
+                   env=dict(os.environ, TF_USE_LEGACY_KERAS="1"))
+    rows = []
+    for name in sorted(f[:-3] for f in os.listdir(folder) if f.endswith(".pb")):
+        path, data = os.path.join(folder, name + ".pb"), np.load(os.path.join(folder, name + ".npz"))
+        feed = {key: data[key] for key in data.files if key != "expected"}
+        inputs, outputs = [f"{key}:0" for key in feed], ["y:0"]
+        rows.append(measure(name, lambda: stock_graph_def(path, inputs, outputs),
+                            lambda: convert_graph_def(path, inputs=inputs, outputs=outputs),
+                            lambda x, expected=data["expected"]: [expected], feed))
+        print(" | ".join(rows[-1]), flush=True)
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=os.path.join(HERE, "results", "formats.md"))
+    args = parser.parse_args()
+    import tensorflow as tf
+    import tf2onnx
+
+    try:
+        sections = [("TFLite files", tflite_rows()), ("Frozen graphs", graph_def_rows()),
+                    ("TF1-style frozen graphs", tf1_rows())]
+    except Exception:  # noqa: BLE001
+        traceback.print_exc()
+        return 1
+    lines = [f"# Stock tf2onnx {tf2onnx.__version__} and tf2onnx-rnn on TFLite files and frozen graphs",
+             "", f"TensorFlow {tf.__version__}; written by `benchmarks/stock_formats.py`. Errors are against the "
+             "TFLite interpreter (TFLite files) or Keras (frozen graphs) on one random batch.", ""]
+    for title, rows in sections:
+        lines += [f"## {title}", "", "| model | stock tf2onnx | tf2onnx-rnn |", "|---|---|---|"]
+        lines += ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in rows] + [""]
+    with open(args.out, "w") as stream:
+        stream.write("\n".join(lines))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
