@@ -101,7 +101,12 @@ def _loop_mask_wiring(graph, loop, match: BodyMatch, direction: Direction) -> di
     masking = match.masking
     if masking is None:
         return {}
-    mask, mask_unreversed = _list_source(graph, loop, masking.mask_slot, "mask")
+    return loop_mask(graph, loop, masking, *_list_source(graph, loop, masking.mask_slot, "mask"), direction)
+
+
+def loop_mask(graph, loop, masking, mask: str, mask_unreversed: Optional[str], direction: Direction) -> dict:
+    """The mask wiring of a loop whose mask (before Keras reversed it, or None) is given: it must be
+    reversed as the input is."""
     if one_step(graph, mask):  # reversing one step is the identity, which TensorFlow may drop from either
         mask_unreversed = None if direction is Direction.FORWARD else (mask_unreversed or mask)
     require((mask_unreversed is None) == (direction is Direction.FORWARD),

@@ -17,7 +17,7 @@ reads them into the same :class:`~.description.Pass` the other readers give.
 """
 from __future__ import annotations
 
-from .adapt import (constant_list, gate_weights, initial_states, mask_wiring, one_step, output_wiring, reversals,
+from .adapt import (constant_list, gate_weights, initial_states, loop_mask, output_wiring, reversals,
                     slot_values, state_output)
 from .body import BodyView
 from .description import BodyMatch, Direction, Pass, Wiring, require
@@ -102,13 +102,7 @@ def _mask(graph, loop, match: BodyMatch, direction: Direction) -> dict:
     masking = match.masking
     if masking is None:
         return {}
-    mask, mask_unreversed = _sequence_source(graph, loop.input[masking.mask_slot])
-    if one_step(graph, mask):  # reversing one step is the identity, which TensorFlow may drop from either
-        mask_unreversed = None if direction is Direction.FORWARD else (mask_unreversed or mask)
-    require((mask_unreversed is None) == (direction is Direction.FORWARD),
-            "the mask and the input are not reversed alike", loop.name)
-    zeros = None if masking.zeros_slot is None else loop.input[masking.zeros_slot]
-    return mask_wiring(graph, masking, mask, mask_unreversed, loop.input[masking.output_slot], loop.name, zeros)
+    return loop_mask(graph, loop, masking, *_sequence_source(graph, loop.input[masking.mask_slot]), direction)
 
 
 def _outputs(graph, loop, match: BodyMatch) -> dict:
