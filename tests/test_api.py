@@ -131,9 +131,6 @@ def test_an_unbuilt_sequential_whose_first_layer_declares_its_input_converts(fla
     keras3 = flavor == "keras" and parity.KERAS3
     if form == "batch" and keras3:
         pytest.skip("Keras 3 layers take no batch_input_shape")
-    if form == "in-time-distributed" and keras3:
-        pytest.xfail("Keras 3 TimeDistributed over a dynamic time axis traces to a pfor while loop that tf2onnx "
-                     "1.17 (stock too) converts with the output's time axis the batch size")
     declared = {"batch_input_shape": (None, None, 5)} if form == "batch" else {"input_shape": (None, 5)}
     if form == "in-time-distributed":
         layers = [K.layers.TimeDistributed(K.layers.Dense(6, input_shape=(5,))), K.layers.GRU(4)]

@@ -262,6 +262,20 @@ def test_outputs_as_nchw(image_file, tmp_path, capfd):
     np.testing.assert_allclose(y, keras_out(image_file.model, x).transpose(NHWC_TO_NCHW), rtol=0, atol=ATOL)
 
 
+def test_verification_and_the_shape_check_follow_the_nchw_transposes(image_file, tmp_path, capfd):
+    """The source runs on NHWC inputs and its NHWC outputs are compared transposed, so a model converted
+    with transposed inputs and outputs verifies, and the default shape check passes."""
+    for options in ({"inputs_as_nchw": "image"}, {"outputs_as_nchw": "grid"},
+                    {"inputs_as_nchw": "image", "outputs_as_nchw": "grid"}):
+        model_proto = api.convert_keras(image_file.model, verify=True, tolerance=ATOL, **options)
+        assert api.report_of(model_proto).checked.startswith("outputs verified against Keras"), options
+        checked = api.report_of(api.convert_keras(image_file.model, **options)).checked
+        assert checked.startswith("output shapes checked against Keras"), (options, checked)
+    output = tmp_path / "nchw_verified.onnx"
+    convert_ok(["--keras", image_file.path, "--output", output, "--outputs-as-nchw", "grid", "--inputs-as-nchw",
+                "image", "--verify"], capfd)
+
+
 def test_outputs_as_nchw_api(image_file):
     model_proto = api.convert_keras(image_file.model, outputs_as_nchw=["grid"], rename_outputs=["cells"])
     (graph_output,) = model_proto.graph.output

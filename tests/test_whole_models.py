@@ -275,13 +275,6 @@ def _time_distributed_dynamic_time(K):
     return K.Model(x, K.layers.TimeDistributed(K.layers.Dense(3))(h))
 
 
-def _keras3_time_distributed(flavor: str) -> Optional[str]:
-    if flavor == "keras3":  # parity names Keras 2's ``keras`` (TensorFlow 2.15) "keras2"
-        return ("Keras 3 TimeDistributed over a dynamic time axis traces to a pfor while loop that "
-                "tf2onnx 1.17 (stock too) converts with the output's time axis the batch size")
-    return None
-
-
 def _recurrent_activations(K):
     x = _seq(K)
     h = K.layers.LSTM(UNITS, activation="gelu", return_sequences=True)(x)  # Erfc in the loop body
@@ -421,8 +414,7 @@ LAYER_CASES = [
     Layers("permute", _permute),
     Layers("repeat-vector-time-distributed", _repeat_vector),
     Layers("dense-dropout", _dense_dropout),
-    Layers("time-distributed-dense-dynamic-time", _time_distributed_dynamic_time,
-           known_failure=_keras3_time_distributed),
+    Layers("time-distributed-dense-dynamic-time", _time_distributed_dynamic_time),
     Layers("lstm-gelu-simple-rnn-selu", _recurrent_activations),
     Layers("gru-celu", _gru_celu, ("celu",)),
     Layers("conv-lstm1d", _conv_lstm1d, ("ConvLSTM1D",)),

@@ -18,7 +18,7 @@ from typing import Optional
 
 import onnx
 
-from .errors import ConversionError, VerificationError, param
+from .errors import ConversionError, VerificationError, first_line, param, raised_by_library
 from .options import Options, check_tolerance
 from .output import LARGE_MODEL_KEY, check_output_path, save_model
 from .probes import check_loadable, fits_in_protobuf, stamp_ir_version
@@ -30,6 +30,8 @@ from .sources.graph_def import Checkpoint, GraphDefFile
 from .sources.keras_model import KerasModel, keras_input_signature
 from .sources.saved_model import SavedModel
 from .sources.tflite import TFLite
+from .sources.time_distributed import refuse_mistraced
+from .shape_check import check_output_shapes
 from .training import training_form
 from .translate import to_onnx
 
@@ -53,6 +55,8 @@ class VerificationFailed(VerificationError):
     """Verification failed: ``result`` holds the per-output checks, ``conversion`` what was converted
     (and not written)."""
 
+    what = "verification"
+
     def __init__(self, result, conversion: Optional[Conversion]):
         super().__init__(f"verification failed: {result.reason()}\n{result.table()}")
         self.result, self.conversion = result, conversion
@@ -67,7 +71,8 @@ def convert_keras(model, input_signature=None, opset: Optional[int] = None, outp
 
     ``input_signature`` (tf.TensorSpecs) defaults to the model's inputs with a dynamic batch; a
     signature that contradicts the model raises :class:`ConversionError`. Other keyword
-    arguments: ``continue_on_error``, ``large_model``, ``rename_inputs``, ``rename_outputs``,
+    arguments: ``check_shapes`` (default True: without ``verify``, the outputs' shapes are checked
+    against the model's on small random inputs), ``continue_on_error``, ``large_model``, ``rename_inputs``, ``rename_outputs``,
     ``inputs``, ``streaming`` and tf2onnx's ``target``, ``extra_opset``, ``inputs_as_nchw``,
     ``outputs_as_nchw``, ``shape_override``, ``custom_ops``, ``custom_op_handlers``,
     ``custom_rewriter``, ``optimizers``. With ``verify=True`` the ONNX model is run in onnxruntime
@@ -162,7 +167,8 @@ def run(source: Source, *, output_path: Optional[str] = None, verify: bool = Fal
     if output_path:
         check_output_path(output_path)
     options = source.prepared(options)
-    conversion = convert(source.freeze(options), options)
+    frozen = freeze(source, options)
+    conversion = convert(frozen, options)
     in_memory = fits_in_protobuf(conversion.model_proto)
     if verify:
         if not in_memory:  # verification runs the model from memory, which protobuf caps at 2 GB
@@ -172,6 +178,17 @@ def run(source: Source, *, output_path: Optional[str] = None, verify: bool = Fal
         conversion.verification = source.verify(conversion.model_proto, tolerance)
         if not conversion.verification.passed:
             raise VerificationFailed(conversion.verification, conversion)
+        checked = (f"outputs verified against {conversion.verification.reference} at input shapes "
+                   + "; ".join(conversion.verification.input_shapes))
+    elif not options.check_shapes:
+        checked = "output shapes not checked (the check was turned off)"
+    elif not in_memory:
+        checked = "output shapes not checked: the model is over 2 GB, which onnxruntime cannot run from memory"
+    else:
+        checked = check_output_shapes(source, conversion)
+    conversion.report.checked = checked
+    conversion.report.attach(conversion.model_proto)
+    logger.info("tf2onnx_rnn: %s", checked)
     if output_path:
         # a model too big to load from memory is loaded from its written files before they replace the output
         conversion.written = save_model(conversion.model_proto, output_path,
@@ -179,10 +196,28 @@ def run(source: Source, *, output_path: Optional[str] = None, verify: bool = Fal
     return conversion
 
 
+def freeze(source: Source, options: Options) -> Frozen:
+    """The source frozen into what tf2onnx converts. TensorFlow's (or tf2onnx's, or Keras's) own failure
+    on the model is a :class:`ConversionError` naming the source; a graph holding a layer that
+    TensorFlow itself computes wrongly is refused."""
+    try:
+        frozen = source.freeze(options)
+    except ConversionError:
+        raise
+    except Exception as error:  # noqa: BLE001 - only what a library raised on the model
+        if not raised_by_library(error):
+            raise
+        raise ConversionError(f"cannot read the model ({param(source.kind)}): {type(error).__name__}: "
+                              f"{first_line(error)}") from error
+    if frozen.graph_def is not None:
+        refuse_mistraced(frozen.graph_def)
+    return frozen
+
+
 def convert(frozen: Frozen, options: Options) -> Conversion:
     """A frozen graph to a loadable ONNX model with its reconciled report stored in it."""
     findings = Findings()
-    model_proto = to_onnx(frozen, options, findings)
+    model_proto, nchw = to_onnx(frozen, options, findings)
     loops = frozen.loops if frozen.loops is not None else recurrent_loops(frozen.graph_def)
     unrolled = unrolled_layers(frozen.graph_def) if frozen.graph_def is not None else []
     report = reconcile(findings, loops, model_proto, frozen.layer_names, unrolled)
@@ -190,6 +225,7 @@ def convert(frozen: Frozen, options: Options) -> Conversion:
         report = training_form(model_proto, report)
     report.outcomes = [dataclasses.replace(o, stateful=True) if o.layer in frozen.stateful_layers else o
                        for o in report.outcomes]
+    report.nchw_inputs, report.nchw_outputs = (tuple(nchw.get(f"{kind}_as_nchw", ())) for kind in ("inputs", "outputs"))
     if options.streaming:
         check_streamed(report)
     stamp_ir_version(model_proto)

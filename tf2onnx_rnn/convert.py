@@ -7,7 +7,8 @@ Flags keep tf2onnx's spellings; where tf2onnx mixes hyphens and underscores both
 The conversion report (and with ``--verify`` the verification table) goes to stdout. This module
 parses and prints; every check and the conversion itself are the API's (:func:`api.run`).
 
-Exit status: 0 converted (and verified when asked); 1 verification failed; 2 bad input;
+Exit status: 0 converted (and verified when asked); 1 verification (or the output shape check) failed;
+2 bad input;
 3 internal error (a bug: the traceback is printed). Nothing is written unless the exit status is 0.
 """
 from __future__ import annotations
@@ -25,6 +26,7 @@ from . import api, sources, training
 from .errors import ConversionError, first_line
 from .options import Options, check_tolerance
 from .output import check_output_path, save_model
+from .shape_check import ShapeCheckFailed
 from .sources.keras_file import use_tensorflow_backend
 
 EXIT_OK = 0
@@ -88,7 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Convert a TensorFlow model (SavedModel, Keras file, TFLite file or frozen graph) to ONNX "
                     "with tf2onnx, turning its Keras LSTM, GRU and SimpleRNN layers and TFLite's fused LSTM into "
                     "native ONNX LSTM/GRU/RNN nodes.",
-        epilog="exit status: 0 converted, 1 verification failed, 2 bad input, 3 internal error; "
+        epilog="exit status: 0 converted, 1 verification or the output shape check failed, 2 bad input, "
+               "3 internal error; "
                "the output file is written only on success.")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--saved-model", "--saved_model", dest="saved_model", metavar="DIR",
@@ -135,6 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="run the ONNX model in onnxruntime against TensorFlow before writing it")
     parser.add_argument("--tolerance", type=_tolerance, default=1e-4, metavar="FLOAT",
                         help="max abs error --verify accepts (default: %(default)g)")
+    parser.add_argument("--no-check-shapes", "--no_check_shapes", dest="check_shapes", action="store_false",
+                        help="skip the default check (without --verify) that the ONNX model's output shapes are "
+                             "TensorFlow's on two small random inputs")
     parser.add_argument("--assume-post-padded", "--assume_post_padded", dest="assume_post_padded",
                         action="store_true",
                         help="emit the leaner masked-layer graph that is exact only when every row's kept "
@@ -242,6 +248,7 @@ def _options(args: argparse.Namespace) -> Options:
                       continue_on_error=args.continue_on_error, large_model=args.large_model,
                       rename_inputs=args.rename_inputs, rename_outputs=args.rename_outputs,
                       inputs=args.inputs, streaming=args.streaming, target=_targets(args),
+                      check_shapes=args.check_shapes,
                       extra_opset=args.extra_opset,
                       inputs_as_nchw=args.inputs_as_nchw, outputs_as_nchw=args.outputs_as_nchw)
 
@@ -277,10 +284,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         conversion = api.run(source, output_path=None if args.training_artifacts else args.output,
                              verify=args.verify, tolerance=args.tolerance, options=options)
-    except api.VerificationFailed as failure:
+    except (api.VerificationFailed, ShapeCheckFailed) as failure:
         print(failure.conversion.report.table())
         print(failure.result.table())
-        _error(f"verification failed: {verified_summary(failure.result)}")
+        _error(f"{failure.what} failed: {verified_summary(failure.result)}")
         print(f"{args.output} was not written")
         return EXIT_VERIFICATION_FAILED
     print(conversion.report.table())

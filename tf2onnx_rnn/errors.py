@@ -41,3 +41,21 @@ def first_line(error) -> str:
     """The first line of an exception's message (its type name when the message is empty), or of a text."""
     lines = str(error).strip().splitlines()
     return lines[0] if lines else ("" if isinstance(error, str) else type(error).__name__)
+
+
+# the libraries a conversion runs the model through: what they raise on a model is about the model
+_LIBRARIES = ("tensorflow", "tf2onnx", "keras", "tf_keras", "google")
+
+
+def raised_by_library(error: BaseException) -> bool:
+    """Whether ``error`` was raised inside TensorFlow, Keras, tf2onnx or protobuf (its innermost frame
+    is theirs), as opposed to this package's own code."""
+    import os
+    import traceback
+
+    frames = traceback.extract_tb(error.__traceback__)
+    if not frames:
+        return False
+    parts = os.path.normpath(frames[-1].filename).split(os.sep)
+    installed = [index for index, part in enumerate(parts[:-1]) if part in ("site-packages", "dist-packages")]
+    return bool(installed) and parts[installed[-1] + 1] in _LIBRARIES

@@ -8,7 +8,7 @@ import numpy as np
 
 def recurrent_layers(model) -> dict:
     """The model's recurrent layers, nested models included, each with the name the report gives
-    it: its own, or that of the Bidirectional wrapping it."""
+    it: its own, or that of the wrapper holding it (a Bidirectional, a TimeDistributed)."""
     found, owner, pending, seen = [], {}, list(getattr(model, "layers", [])), set()
     while pending:
         layer = pending.pop()
@@ -17,12 +17,12 @@ def recurrent_layers(model) -> dict:
         seen.add(id(layer))
         if hasattr(layer, "cell"):
             found.append(layer)
-        halves = [sub for sub in (getattr(layer, "forward_layer", None), getattr(layer, "backward_layer", None))
-                  if sub is not None]
-        for half in halves:
-            owner.setdefault(id(half), owner.get(id(layer), layer.name))
+        wrapped = [sub for sub in (getattr(layer, "forward_layer", None), getattr(layer, "backward_layer", None))
+                   if sub is not None] or [sub for sub in [getattr(layer, "layer", None)] if hasattr(sub, "name")]
+        for sub in wrapped:
+            owner.setdefault(id(sub), owner.get(id(layer), layer.name))
         pending.extend(getattr(layer, "layers", []) or [])
-        pending.extend(halves)
+        pending.extend(wrapped)
     return {layer: owner.get(id(layer), layer.name) for layer in found}
 
 

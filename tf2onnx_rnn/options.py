@@ -36,6 +36,7 @@ class Options:
     training: bool = False  # the form onnxruntime's training API takes (target "training")
     streaming: Optional[bool] = None  # recurrent states in and out of the model; None: for stateful models
     continue_on_error: bool = False  # write a model even when tf2onnx left ops it could not convert
+    check_shapes: bool = True  # without verification, check the outputs' shapes against the source's
     large_model: bool = False  # weights go to a file beside the model (external data)
     rename_inputs: tuple = ()
     rename_outputs: tuple = ()

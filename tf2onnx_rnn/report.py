@@ -40,6 +40,9 @@ class ConversionReport:
     """Every recurrent loop's row, reconciled with the written model: printed, logged and stored."""
 
     outcomes: list = field(default_factory=list)  # LoopOutcome rows
+    checked: str = ""  # what the converted model was checked against its source for, in one line
+    nchw_inputs: tuple = ()  # inputs the model takes NCHW where its source takes NHWC
+    nchw_outputs: tuple = ()  # outputs the model gives NCHW where its source gives NHWC
 
     @property
     def fused(self) -> list:
@@ -82,16 +85,20 @@ class ConversionReport:
         lines = ["  ".join(cell.ljust(width) for cell, width in zip(row[:4], widths)) + "  " + row[4]
                  for row in rows]
         lines.insert(1, "  ".join("-" * w for w in widths) + "  " + "-" * 7)
-        return "\n".join(lines + [self.summary()])
+        return "\n".join(lines + [self.summary()] + ([self.checked] if self.checked else []))
 
     def to_json(self) -> str:
-        return json.dumps({"loops": [asdict(o) for o in self.outcomes], "summary": self.summary()})
+        return json.dumps({"loops": [asdict(o) for o in self.outcomes], "summary": self.summary(),
+                           "checked": self.checked, "nchw_inputs": list(self.nchw_inputs),
+                           "nchw_outputs": list(self.nchw_outputs)})
 
     @classmethod
     def from_json(cls, text: str) -> "ConversionReport":
         lists = ("state_inputs", "state_outputs", "cell_nodes")
+        stored = json.loads(text)
         return cls([LoopOutcome(**{k: tuple(v) if k in lists else v for k, v in item.items()})
-                    for item in json.loads(text)["loops"]])
+                    for item in stored["loops"]], stored.get("checked", ""), tuple(stored.get("nchw_inputs", ())),
+                   tuple(stored.get("nchw_outputs", ())))
 
     def attach(self, model_proto) -> None:
         """Store the report in ``model_proto.metadata_props`` (replacing an earlier one)."""

@@ -22,9 +22,10 @@ from .sources import Frozen, placeholder_shapes, resolve_names
 logger = logging.getLogger("tf2onnx_rnn")
 
 
-def to_onnx(frozen: Frozen, options: Options, findings: Findings) -> onnx.ModelProto:
+def to_onnx(frozen: Frozen, options: Options, findings: Findings) -> tuple:
     """Convert ``frozen`` with tf2onnx and the rewriter, which records what became of each loop in
-    ``findings``. A failure of tf2onnx itself on the graph is a :class:`ConversionError`."""
+    ``findings``: (the model, option -> the inputs or outputs it transposes between NHWC and NCHW, by
+    their names in the model). A failure of tf2onnx itself on the graph is a :class:`ConversionError`."""
     from . import handlers
 
     handlers.ensure_registered()
@@ -51,7 +52,7 @@ def to_onnx(frozen: Frozen, options: Options, findings: Findings) -> onnx.ModelP
                                   f"{first_line(error)}") from error
     _check_fused_ops(frozen, findings)
     _check_nchw(_io_ranks(model_proto), nchw)
-    return model_proto
+    return model_proto, nchw
 
 
 def _check_fused_ops(frozen: Frozen, findings: Findings) -> None:

@@ -30,8 +30,15 @@ from .report import ConversionReport
 __all__ = ["ROUNDS", "OutputCheck", "VerificationResult", "compare", "onnx_input_specs", "verify_keras",
            "verify_saved_model", "verify_tflite"]
 
-# (batch size, size of every other dynamic dimension) for each verification round
+# (batch size, time: the size of dimension 1) of each verification round; every later dynamic
+# dimension takes a size of its own (:func:`round_sizes`), so no two dynamic dimensions are alike
 ROUNDS = ((2, 5), (3, 9))
+
+
+def round_sizes(batch: int, time: int, rank: int = 8) -> dict:
+    """Axis -> size of a round's dynamic dimensions: ``batch``, ``time``, then ``time + 2``,
+    ``time + 3``... (all distinct where ``batch < time``)."""
+    return {0: batch, 1: time, **{axis: time + axis for axis in range(2, rank)}}
 
 
 @dataclass
@@ -61,6 +68,10 @@ class VerificationResult:
     problem: str = ""
     reference: str = "TensorFlow"  # what the ONNX model was compared with, as the messages name it
     rounds: int = 1
+    values: bool = True  # False: only the outputs' shapes and dtypes were compared
+    onnx_loaded: bool = True  # onnxruntime loaded the ONNX model
+    reference_failed: bool = False  # the reference, not onnxruntime, failed on an input: nothing was learnt
+    input_shapes: list = field(default_factory=list)  # each round's input shapes
 
     @property
     def passed(self) -> bool:
@@ -79,10 +90,11 @@ class VerificationResult:
 
     def table(self) -> str:
         rounds = f"{self.rounds} round{'s' if self.rounds != 1 else ''} of inputs"
-        lines = [f"verification (tolerance {self.tolerance:g}; ONNX vs {self.reference}; {rounds}):"]
+        lines = [f"verification (tolerance {self.tolerance:g}; ONNX vs {self.reference}; {rounds}):" if self.values
+                 else f"output shapes and dtypes (ONNX vs {self.reference}; {rounds}):"]
         for check in self.checks:
-            lines.append(f"  {check.name}: max abs error {check.max_abs_error:.3g} "
-                         f"{'ok' if check.passed else 'FAILED'}")
+            compared = f"max abs error {check.max_abs_error:.3g}" if self.values else "shape and dtype"
+            lines.append(f"  {check.name}: {compared} {'ok' if check.passed else 'FAILED'}")
             detail = f"    NaN: ONNX {check.onnx_nan}, {self.reference} {check.reference_nan}"
             lines.append(detail + (f"; {check.reason}" if check.reason else ""))
         if self.problem:
@@ -153,15 +165,21 @@ def _index(flat: int, shape: tuple) -> str:
     return str([int(i) for i in np.unravel_index(flat, shape)]) if shape else "[]"
 
 
-def _compare_output(actual, expected, tolerance: float, reference: str) -> _Outcome:
+# (ONNX dtype, source dtype) that differ by design: tf2onnx writes bfloat16 (Keras 3's mixed_bfloat16) as float16
+_WRITTEN_AS = {("float16", "bfloat16")}
+
+
+def _compare_output(actual, expected, tolerance: float, reference: str, values: bool = True) -> _Outcome:
     actual, expected = np.asarray(actual), np.asarray(expected)
     onnx_nan, reference_nan = _nan_count(actual), _nan_count(expected)
     differences = []
-    if actual.dtype != expected.dtype:
+    if actual.dtype != expected.dtype and (values or (actual.dtype.name, expected.dtype.name) not in _WRITTEN_AS):
         differences.append(f"dtype {actual.dtype} vs {reference} {expected.dtype}")
     if actual.shape != expected.shape:
         differences.insert(0, f"shape {actual.shape} vs {reference} {expected.shape}")
         return _Outcome(math.inf, onnx_nan, reference_nan, ", ".join(differences))
+    if not values:
+        return _Outcome(0.0, onnx_nan, reference_nan, ", ".join(differences))
     error, reason = _compare_values(actual, expected, tolerance, reference)
     if reason:
         differences.append(reason)
@@ -226,36 +244,42 @@ def _shapes(arrays: Sequence[np.ndarray]) -> str:
 
 def compare(reference: Callable[[list], Sequence[np.ndarray]], model_proto: onnx.ModelProto,
             tolerance: float = 1e-4, seed: int = 0, inputs: Optional[list] = None,
-            reference_name: str = "TensorFlow") -> VerificationResult:
+            reference_name: str = "TensorFlow", values: bool = True) -> VerificationResult:
     """Compare ``reference(arrays)`` (outputs in ONNX output order) with onnxruntime.
 
     Without ``inputs``, one round per :data:`ROUNDS` entry on seeded random inputs; with
     ``inputs`` (arrays in ONNX input order), one round on those. A streamed model's state inputs
     are fed zeros (the model's usual start) and are not the reference's; its state outputs are
-    not compared (the reference has none).
+    not compared (the reference has none). ``values=False`` compares each output's shape and
+    dtype only.
     """
     state_inputs, state_outputs = streamed_states(model_proto)
+    nchw_inputs, nchw_outputs = transposed(model_proto)
     specs = [spec for spec in onnx_input_specs(model_proto) if spec[0] not in state_inputs]
     rounds = [inputs] if inputs is not None else [
-        random_inputs(specs, seed + i, {0: batch, **{axis: other for axis in range(1, 8)}})
-        for i, (batch, other) in enumerate(ROUNDS)]
+        random_inputs(specs, seed + i, round_sizes(batch, time)) for i, (batch, time) in enumerate(ROUNDS)]
     state_specs = {name: (shape, dtype) for name, shape, dtype in onnx_input_specs(model_proto) if name in state_inputs}
-    result = VerificationResult(tolerance, reference=reference_name, rounds=len(rounds))
+    result = VerificationResult(tolerance, reference=reference_name, rounds=len(rounds), values=values)
     try:
         session = _session(model_proto)
     except Exception as error:  # noqa: BLE001 - onnxruntime raises its own kinds
         result.problem = f"onnxruntime cannot load the ONNX model: {first_line(error)}"
+        result.onnx_loaded = False
         return result
     every_output = [o.name for o in session.get_outputs()]
     names = [name for name in every_output if name not in state_outputs]
     outcomes: dict = {name: [] for name in names}
     for number, arrays in enumerate(rounds, 1):
+        result.input_shapes.append(_shapes(arrays))
         where = f"round {number} of {len(rounds)}, input shapes {_shapes(arrays)}"
         try:
-            expected = list(reference(arrays))
+            expected = list(reference([_nhwc(a) if spec[0] in nchw_inputs else a for spec, a in zip(specs, arrays)]))
+            expected = [_nchw(value) if index < len(names) and names[index] in nchw_outputs else value
+                        for index, value in enumerate(expected)]
         except Exception as error:  # noqa: BLE001 - whatever the model raises, verification failed
             result.problem = f"{reference_name} failed on the inputs ({where}): {type(error).__name__}: " \
                              f"{first_line(error)}"
+            result.reference_failed = True
             break
         try:
             feeds = {name: a for (name, _, _), a in zip(specs, arrays)}
@@ -271,7 +295,7 @@ def compare(reference: Callable[[list], Sequence[np.ndarray]], model_proto: onnx
                               f"{reference_name} {len(expected)}")
             break
         for name, got, want in zip(names, actual, expected):
-            outcomes[name].append(_compare_output(got, want, tolerance, reference_name))
+            outcomes[name].append(_compare_output(got, want, tolerance, reference_name, values))
     result.checks = [_check(name, outcomes[name], tolerance, len(rounds)) for name in names if outcomes[name]]
     return result
 
@@ -282,6 +306,20 @@ def streamed_states(model_proto: onnx.ModelProto) -> tuple:
     rows = report.outcomes if report is not None else []
     return ({name for o in rows for name in o.state_inputs if name},
             {name for o in rows for name in o.state_outputs})
+
+
+def transposed(model_proto: onnx.ModelProto) -> tuple:
+    """(inputs, outputs) the model takes or gives NCHW where its source has them NHWC, from its report."""
+    report = ConversionReport.of_model(model_proto)
+    return (set(report.nchw_inputs), set(report.nchw_outputs)) if report is not None else (set(), set())
+
+
+def _nhwc(array):
+    return np.transpose(array, (0, 2, 3, 1))
+
+
+def _nchw(array):
+    return np.transpose(np.asarray(array), (0, 3, 1, 2))
 
 
 def _in_onnx_order(outputs, onnx_names: Sequence[str]) -> list:
@@ -297,7 +335,7 @@ def _in_onnx_order(outputs, onnx_names: Sequence[str]) -> list:
 
 
 def verify_keras(model, model_proto: onnx.ModelProto, tolerance: float = 1e-4, seed: int = 0,
-                 inputs: Optional[list] = None) -> VerificationResult:
+                 inputs: Optional[list] = None, values: bool = True) -> VerificationResult:
     """Compare a Keras model (``model(x, training=False)``) with its conversion. A stateful model
     starts every call from zero states, and its stored states are left as they were."""
     _, state_outputs = streamed_states(model_proto)
@@ -309,12 +347,12 @@ def verify_keras(model, model_proto: onnx.ModelProto, tolerance: float = 1e-4, s
         return _in_onnx_order(outputs, onnx_names)
 
     with states_kept(model):
-        return compare(reference, model_proto, tolerance, seed, inputs, reference_name="Keras")
+        return compare(reference, model_proto, tolerance, seed, inputs, reference_name="Keras", values=values)
 
 
 def verify_saved_model(path: str, model_proto: onnx.ModelProto, signature_def: Optional[str] = None,
                        tag: Optional[str] = None, tolerance: float = 1e-4, seed: int = 0,
-                       inputs: Optional[list] = None) -> VerificationResult:
+                       inputs: Optional[list] = None, values: bool = True) -> VerificationResult:
     """Compare a SavedModel's serving signature with its conversion, matching outputs by name."""
     import tensorflow as tf
 
@@ -337,11 +375,11 @@ def verify_saved_model(path: str, model_proto: onnx.ModelProto, signature_def: O
                  for i, arg in enumerate(arg_names)}
         return _in_onnx_order(function(**feeds), output_names)
 
-    return compare(reference, model_proto, tolerance, seed, inputs, reference_name="TensorFlow")
+    return compare(reference, model_proto, tolerance, seed, inputs, reference_name="TensorFlow", values=values)
 
 
 def verify_tflite(path: str, model_proto: onnx.ModelProto, tolerance: float = 1e-4, seed: int = 0,
-                  inputs: Optional[list] = None) -> VerificationResult:
+                  inputs: Optional[list] = None, values: bool = True) -> VerificationResult:
     """Compare a TFLite file, run in the TFLite interpreter, with its conversion. The interpreter's
     state variables (a fused LSTM's states) are reset before every call, so each starts from zeros
     as the ONNX model does; dynamic dimensions are resized to each round's."""
@@ -367,12 +405,12 @@ def verify_tflite(path: str, model_proto: onnx.ModelProto, tolerance: float = 1e
         ordered = [produced.get(name) for name in output_names]
         return ordered if all(o is not None for o in ordered) else list(produced.values())
 
-    return compare(reference, model_proto, tolerance, seed, inputs, reference_name="TFLite")
+    return compare(reference, model_proto, tolerance, seed, inputs, reference_name="TFLite", values=values)
 
 
 def verify_graph_def(graph_def, graph_inputs: Sequence[str], graph_outputs: Sequence[str],
                      model_proto: onnx.ModelProto, tolerance: float = 1e-4, seed: int = 0,
-                     inputs: Optional[list] = None) -> VerificationResult:
+                     inputs: Optional[list] = None, values: bool = True) -> VerificationResult:
     """Compare a frozen graph, run in TensorFlow, with its conversion, whose inputs and outputs are the
     graph's tensors ``graph_inputs`` and ``graph_outputs`` in order (renamed or not)."""
     import tensorflow as tf
@@ -385,4 +423,4 @@ def verify_graph_def(graph_def, graph_inputs: Sequence[str], graph_outputs: Sequ
         with tf.compat.v1.Session(graph=graph) as session:
             return session.run(list(graph_outputs), dict(zip(graph_inputs, arrays)))
 
-    return compare(reference, model_proto, tolerance, seed, inputs, reference_name="TensorFlow")
+    return compare(reference, model_proto, tolerance, seed, inputs, reference_name="TensorFlow", values=values)

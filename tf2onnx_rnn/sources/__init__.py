@@ -55,8 +55,10 @@ class Source:
     def freeze(self, options) -> Frozen:
         raise NotImplementedError
 
-    def verify(self, model_proto, tolerance: float):
-        """The converted model against this source on seeded random inputs (a VerificationResult)."""
+    def verify(self, model_proto, tolerance: float, values: bool = True):
+        """The converted model against this source on seeded random inputs (a VerificationResult);
+        ``values=False`` compares the outputs' shapes and dtypes only. Raises :class:`ConversionError`
+        where the source may not be run (``safe_mode``)."""
         raise NotImplementedError
 
 

@@ -65,13 +65,13 @@ class GraphDefFile(Source):
                 override[tensor] = [None if d is None else int(d) for d in shape]
         return Frozen(graph_def, os.path.basename(self.path), inputs, outputs, {}, shape_override=override or None)
 
-    def verify(self, model_proto, tolerance: float):
+    def verify(self, model_proto, tolerance: float, values: bool = True):
         from ..verify import verify_graph_def
 
         if self.safe_mode:
             refuse_outside(outside(executed_ops(self._frozen_graph, self.outputs)),
                            "verification runs the graph, which runs")
-        return verify_graph_def(self._frozen_graph, *self._tensors, model_proto, tolerance=tolerance)
+        return verify_graph_def(self._frozen_graph, *self._tensors, model_proto, tolerance=tolerance, values=values)
 
 
 class Checkpoint(GraphDefFile):

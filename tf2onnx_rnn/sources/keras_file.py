@@ -61,8 +61,8 @@ class KerasFile(Source):
     def freeze(self, options) -> Frozen:
         return self.model.freeze(options)
 
-    def verify(self, model_proto, tolerance: float):
-        return self.model.verify(model_proto, tolerance)
+    def verify(self, model_proto, tolerance: float, values: bool = True):
+        return self.model.verify(model_proto, tolerance, values)
 
 
 def check_keras_file(path: str) -> None:

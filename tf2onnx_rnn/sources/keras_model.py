@@ -14,6 +14,7 @@ from ..errors import ConversionError, first_line, param
 from ..keras_layers import recurrent_layers, stateful_layers
 from . import Frozen, Source, check_input_shape
 from .outside_ops import executed_ops, outside, refuse_outside
+from .time_distributed import merged_time_axis
 
 
 def _tf():
@@ -57,12 +58,12 @@ class KerasModel(Source):
         self._traced = frozen.traced
         return frozen
 
-    def verify(self, model_proto, tolerance: float):
+    def verify(self, model_proto, tolerance: float, values: bool = True):
         from ..verify import verify_keras
 
         if self.safe_mode and self._traced is not None:
             refuse_outside(outside(executed_ops(self._traced)), "verification calls the Keras model, whose call runs")
-        return verify_keras(self.model, model_proto, tolerance=tolerance)
+        return verify_keras(self.model, model_proto, tolerance=tolerance, values=values)
 
 
 def _backend_of(model) -> Optional[str]:
@@ -212,7 +213,7 @@ def freeze_keras(model, input_signature, options) -> Frozen:
 
     @tf.function(input_signature=signature)
     def serve(*args):
-        with _recording_layer_scopes(model, scopes):
+        with _recording_layer_scopes(model, scopes), merged_time_axis(model):
             result = model(list(args) if len(args) > 1 else args[0], training=False)
         return keyed(tf.nest.flatten(result))
 
@@ -273,16 +274,20 @@ class _recording_layer_scopes:
         return self
 
     def _recording(self, name: str, call):
+        """``call``, noting its scope; a TensorFlow decorator, so that a wrapper reading the layer's
+        arguments from it (tf_keras's TimeDistributed passes ``mask`` only where ``call`` takes one)
+        still sees ``call``'s own."""
+        from tensorflow.python.util import tf_decorator
+
         scopes = self.scopes
 
-        @functools.wraps(call)
         def recording(*args, **kwargs):
             scope = _tf().compat.v1.get_default_graph().get_name_scope()
             if scope:
                 scopes.setdefault(scope, name)
             return call(*args, **kwargs)
 
-        return recording
+        return tf_decorator.make_decorator(call, recording)
 
     def __exit__(self, *exc):
         for layer in self.layers:

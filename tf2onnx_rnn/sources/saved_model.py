@@ -45,7 +45,7 @@ class SavedModel(Source):
                                    allowed=LOADING), "loading the SavedModel runs")
         return freeze_saved_model(self.path, self.signature_def, self.tag, self.concrete_function, options)
 
-    def verify(self, model_proto, tolerance: float):
+    def verify(self, model_proto, tolerance: float, values: bool = True):
         from ..verify import verify_saved_model
 
         if self.safe_mode:
@@ -57,7 +57,7 @@ class SavedModel(Source):
                 refuse_outside(outside(executed_ops(meta.graph_def, outputs), allowed=LOADING),
                                f"verification runs the signature {key!r}, which runs")
         return verify_saved_model(self.path, model_proto, signature_def=self.signature_def, tag=self.tag,
-                                  tolerance=tolerance)
+                                  tolerance=tolerance, values=values)
 
 
 def check_saved_model_dir(path: str) -> None:

@@ -40,10 +40,10 @@ class TFLite(Source):
                       tflite_path=self.path, loops=layout.loops, fused_ops=layout.fused_ops,
                       allowed=self.allowed)
 
-    def verify(self, model_proto, tolerance: float):
+    def verify(self, model_proto, tolerance: float, values: bool = True):
         from ..verify import verify_tflite
 
-        return verify_tflite(self.path, model_proto, tolerance=tolerance)
+        return verify_tflite(self.path, model_proto, tolerance=tolerance, values=values)
 
 
 def check_tflite_file(path: str) -> None:
