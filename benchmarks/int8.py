@@ -195,6 +195,7 @@ class Row:
 def convert_native(model, kind: str, path: str) -> None:
     """Convert with this package and insist on the native node: a Loop would measure something else."""
     import onnx
+
     from tf2onnx_rnn import convert_keras
 
     convert_keras(model, output_path=path)

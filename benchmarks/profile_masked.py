@@ -52,7 +52,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import numpy as np  # noqa: E402
-
 from run import all_cases, build_model, make_inputs, minimal_model, ours_convert  # noqa: E402
 
 ROLES = ("recurrent", "transposes", "masking layer", "mask prep", "lengths", "compaction", "restore",
@@ -465,7 +464,6 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     import onnxruntime
-
     from run import machine_info
 
     cases = masked_cases()

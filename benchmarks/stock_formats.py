@@ -1,5 +1,5 @@
 """What stock tf2onnx and tf2onnx-rnn make of TFLite files and frozen graphs: the measurement behind
-the README's format table.
+the format table of docs/tflite-and-graphs.md.
 
 Every TFLite model of ``tests/test_tflite.py`` (both Keras flavors, batch 1 and 5, fixed and
 dynamic time) and the frozen Keras graphs of ``tests/test_graph_def.py`` are converted by stock

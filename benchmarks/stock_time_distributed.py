@@ -1,5 +1,5 @@
 """What stock tf2onnx and tf2onnx-rnn make of models around ``TimeDistributed``: the measurement behind
-the README's TimeDistributed row.
+the TimeDistributed rows of docs/conversions.md.
 
 Every model of ``tests/test_time_distributed.py`` (both Keras flavors, dynamic and fixed time, every
 weight random) is converted by stock tf2onnx (``tf2onnx.convert.from_keras`` with the model's input

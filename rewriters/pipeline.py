@@ -18,21 +18,21 @@ from dataclasses import replace
 from typing import Callable, Optional, Sequence, Union
 
 from . import cell_kinds, cell_matchers
-from .adapt import build_pass
-from .body import BodyView
-from .bool_masks import exact_selects, integer_any, select_bool_products
-from .chains import Chain, find_chains, is_recurrent
+from .cells.body import BodyView
 from .description import Approximations, BodyMatch, NoMatch, Pass, StackMatch, require
-from .emitter import EmitContext, emit
-from .mask_forms import Masks, select_masks
+from .emit.bool_masks import exact_selects, integer_any, select_bool_products
+from .emit.emitter import EmitContext, emit
+from .emit.mask_forms import Masks, select_masks
+from .emit.plan import plan_nodes
+from .emit.states import MODEL_STATES, StateWiring, select_states
 from .outcome import WHILE_OPS, Findings
-from .plan import plan_nodes
+from .readers import tflite_fused, tflite_loops
+from .readers.adapt import build_pass
+from .readers.chains import Chain, find_chains, is_recurrent
+from .readers.skeleton import read_skeleton, unmask
+from .readers.stacked import match_stack, stack_passes
+from .readers.unrolled import chain_pass, read_chain
 from .rows import LoopId, Rows, kind_hint, scope_name
-from .skeleton import read_skeleton, unmask
-from .stacked import match_stack, stack_passes
-from .states import MODEL_STATES, StateWiring, select_states
-from . import tflite_fused, tflite_loops
-from .unrolled import chain_pass, read_chain
 
 logger = logging.getLogger("tf2onnx_rnn")
 

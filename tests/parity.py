@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import numpy as np
-import pytest
 import onnx
+import pytest
 
 import helpers
 

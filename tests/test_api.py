@@ -3,17 +3,16 @@ from __future__ import annotations
 
 import logging
 
+import keras
 import numpy as np
 import onnx
 import pytest
 
-import keras
-
 import helpers
 import parity
 import tf2onnx_rnn  # noqa: E402
-from tf2onnx_rnn.rewriters import gru as gru_matcher  # noqa: E402
 from tf2onnx_rnn.rewriters import pipeline  # noqa: E402
+from tf2onnx_rnn.rewriters.cells import gru as gru_matcher  # noqa: E402
 from tf2onnx_rnn.rewriters.description import NoMatch  # noqa: E402
 from tf2onnx_rnn.verify import verify_keras  # noqa: E402
 

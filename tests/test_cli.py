@@ -17,11 +17,10 @@ import zipfile
 from dataclasses import dataclass
 
 import h5py
+import keras
 import numpy as np
 import onnx
 import pytest
-
-import keras
 
 import cli_models  # noqa: E402  (tests/ is on sys.path, see conftest.py)
 import helpers  # noqa: E402

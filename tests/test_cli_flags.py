@@ -18,19 +18,18 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
+import keras
 import numpy as np
 import onnx
 import pytest
-
-import keras
 import tensorflow as tf
 
 import cli_models  # noqa: E402  (tests/ is on sys.path, see conftest.py)
 import helpers  # noqa: E402
 from helpers import attribute, nodes_of_types, op_counts, ort_session  # noqa: E402
 from tf2onnx_rnn import api, options, probes, sources  # noqa: E402
-from tf2onnx_rnn import output as output_module  # noqa: E402
 from tf2onnx_rnn import convert as cli  # noqa: E402
+from tf2onnx_rnn import output as output_module  # noqa: E402
 from tf2onnx_rnn.errors import ConversionError  # noqa: E402
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
@@ -265,12 +264,12 @@ def test_outputs_as_nchw(image_file, tmp_path, capfd):
 def test_verification_and_the_shape_check_follow_the_nchw_transposes(image_file, tmp_path, capfd):
     """The source runs on NHWC inputs and its NHWC outputs are compared transposed, so a model converted
     with transposed inputs and outputs verifies, and the default shape check passes."""
-    for options in ({"inputs_as_nchw": "image"}, {"outputs_as_nchw": "grid"},
-                    {"inputs_as_nchw": "image", "outputs_as_nchw": "grid"}):
-        model_proto = api.convert_keras(image_file.model, verify=True, tolerance=ATOL, **options)
-        assert api.report_of(model_proto).checked.startswith("outputs verified against Keras"), options
-        checked = api.report_of(api.convert_keras(image_file.model, **options)).checked
-        assert checked.startswith("output shapes checked against Keras"), (options, checked)
+    for given in ({"inputs_as_nchw": "image"}, {"outputs_as_nchw": "grid"},
+                  {"inputs_as_nchw": "image", "outputs_as_nchw": "grid"}):
+        model_proto = api.convert_keras(image_file.model, verify=True, tolerance=ATOL, **given)
+        assert api.report_of(model_proto).checked.startswith("outputs verified against Keras"), given
+        checked = api.report_of(api.convert_keras(image_file.model, **given)).checked
+        assert checked.startswith("output shapes checked against Keras"), (given, checked)
     output = tmp_path / "nchw_verified.onnx"
     convert_ok(["--keras", image_file.path, "--output", output, "--outputs-as-nchw", "grid", "--inputs-as-nchw",
                 "image", "--verify"], capfd)
@@ -503,7 +502,8 @@ def test_save_model_checks_the_files_load_before_replacing(tmp_path):
         output_module.save_model(model_proto, str(output), check_loads=True)
     assert [p.name for p in tmp_path.iterdir()] == ["broken.onnx"]
     assert output.read_bytes() == b"previous model"
-    assert output_module.save_model(model_proto, str(output)) == [str(output), str(output) + ".data"]  # unchecked: written
+    written = output_module.save_model(model_proto, str(output))  # unchecked: written
+    assert written == [str(output), str(output) + ".data"]
     assert onnx.load(str(output)).graph.initializer[0].raw_data == weights.raw_data
 
 

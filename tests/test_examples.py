@@ -6,7 +6,6 @@ import subprocess
 import sys
 
 import numpy as np
-
 import tensorflow as tf
 
 import helpers

@@ -193,9 +193,10 @@ def test_discovery_finds_every_part_of_the_package():
             "rows", "chains", "steps", "unrolled", "stacked", "evaluate", "activations", "description", "equations",
             "lstm", "gru", "simple_rnn"} <= modules
     assert {"pipeline.RecurrentRewriter.__call__", "pipeline.RecurrentRewriter._match_cell",
-            "pipeline.make_rewriter", "adapt.build_pass", "plan.plan_nodes", "description.CellKind.state_count",
-            "mask_tensors.MaskTensors.lengths", "mask_forms.Masks.form_for", "mask_forms.select_masks",
-            "states.select_states", "rows.Rows.fused", "evaluate._split", "lstm.match", "lstm.step",
+            "pipeline.make_rewriter", "readers.adapt.build_pass", "emit.plan.plan_nodes",
+            "description.CellKind.state_count", "emit.mask_tensors.MaskTensors.lengths",
+            "emit.mask_forms.Masks.form_for", "emit.mask_forms.select_masks", "emit.states.select_states",
+            "rows.Rows.fused", "cells.evaluate._split", "cells.lstm.match", "cells.lstm.step",
             "__init__.cell_matchers"} <= ids
     kinds = {t.kind for t in TARGETS}
     assert {"function", "staticmethod", "property"} <= kinds
@@ -204,17 +205,19 @@ def test_discovery_finds_every_part_of_the_package():
 
 def test_injection_replaces_every_reference():
     """A function imported by name elsewhere, or held in a table, raises through every road."""
-    from tf2onnx_rnn.rewriters import adapt, evaluate, lstm, pipeline
+    from tf2onnx_rnn.rewriters import pipeline
+    from tf2onnx_rnn.rewriters.cells import evaluate, lstm
+    from tf2onnx_rnn.rewriters.readers import adapt
 
-    build_pass = next(t for t in TARGETS if t.id == "adapt.build_pass")
+    build_pass = next(t for t in TARGETS if t.id == "readers.adapt.build_pass")
     with injected(build_pass):
         for function in (adapt.build_pass, pipeline.build_pass):
-            with pytest.raises(RuntimeError, match="fault injected into adapt.build_pass"):
+            with pytest.raises(RuntimeError, match="fault injected into readers.adapt.build_pass"):
                 function(None, None, None, None)
     assert pipeline.build_pass is adapt.build_pass and adapt.build_pass.__name__ == "build_pass"
-    split = next(t for t in TARGETS if t.id == "evaluate._split")
+    split = next(t for t in TARGETS if t.id == "cells.evaluate._split")
     with injected(split):
-        with pytest.raises(RuntimeError, match="evaluate._split"):
+        with pytest.raises(RuntimeError, match="cells.evaluate._split"):
             evaluate._OPS["Split"](None, 0, np.zeros(2))
     assert evaluate._OPS["Split"] is evaluate._split
     state_count = next(t for t in TARGETS if t.id == "description.CellKind.state_count")

@@ -13,8 +13,8 @@ import pytest
 
 import helpers
 import parity
-from helpers import KINDS
 import tf2onnx_rnn
+from helpers import KINDS
 
 float16 = pytest.importorskip("onnxconverter_common.float16")
 

@@ -450,18 +450,21 @@ def structure_problems(spec: ModelSpec, proto: onnx.ModelProto) -> tuple:
         if expectation == "fused":
             unfused = [f"{o.layer}: {o.reason}" for o in entries if not o.fused]
             if unfused:
-                problems.append(f"{name} ({ls.cell or ls.activation}/{ls.recurrent_activation}) was not fused: {unfused}")
+                cell = f"{ls.cell or ls.activation}/{ls.recurrent_activation}"
+                problems.append(f"{name} ({cell}) was not fused: {unfused}")
             if ls.bidirectional and not two_nodes and len(entries) == 2 and all(o.fused for o in entries):
                 node = nodes.get(entries[0].node)
                 if entries[0].node != entries[1].node or node is None or helpers.direction_of(node) != "bidirectional":
-                    problems.append(f"Bidirectional as two nodes: {name}: Bidirectional became {len({o.node for o in entries})} nodes, "
-                                 f"not one bidirectional node: {[(o.node, o.node_direction) for o in entries]}")
+                    count = len({o.node for o in entries})
+                    problems.append(f"Bidirectional as two nodes: {name}: Bidirectional became {count} nodes, "
+                                    f"not one bidirectional node: {[(o.node, o.node_direction) for o in entries]}")
         elif expectation == "kept":
             fused = [o.layer for o in entries if o.fused]
             if fused:
                 problems.append(f"{name} ({spec.dtype}, {ls.activation}) must stay as it is but was fused: {fused}")
             if spec.dtype == "float64" and not all("float64" in o.reason for o in entries):
-                problems.append(f"{name}: a float64 layer's reason does not name the type: {[o.reason for o in entries]}")
+                reasons = [o.reason for o in entries]
+                problems.append(f"{name}: a float64 layer's reason does not name the type: {reasons}")
 
     if len(native) != fused_nodes:
         problems.append(f"more native nodes than layers: {len(native)} native recurrent nodes "

@@ -4,9 +4,8 @@ from __future__ import annotations
 import os
 import re
 
-
-import nbformat
 import nbclient
+import nbformat
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
 

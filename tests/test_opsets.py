@@ -1,10 +1,9 @@
 """Both ends of the supported opset range convert, pass the checker and match Keras."""
 from __future__ import annotations
 
+import keras
 import numpy as np
 import pytest
-
-import keras
 
 import helpers
 import tf2onnx_rnn  # noqa: E402

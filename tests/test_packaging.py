@@ -19,7 +19,7 @@ PROBE = ("import importlib.util, json, pkgutil, tf2onnx_rnn, tf2onnx_rnn.rewrite
          "str(importlib.util.find_spec('rewriters')), r.__file__, leaks, packages]))")
 
 # the cell modules found by the package's own discovery, under the installed name
-MATCHERS = [f"tf2onnx_rnn.rewriters.{name}" for name in ("gru", "lstm", "simple_rnn")]
+MATCHERS = [f"tf2onnx_rnn.rewriters.cells.{name}" for name in ("gru", "lstm", "simple_rnn")]
 
 
 def _only_rewriters(leaks, packages):
@@ -49,7 +49,7 @@ def test_regular_install_has_the_same_layout(tmp_path):
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
                     "--target", str(target), ROOT], check=True, capture_output=True)
-    assert (target / "tf2onnx_rnn" / "rewriters" / "lstm.py").is_file()
+    assert (target / "tf2onnx_rnn" / "rewriters" / "cells" / "lstm.py").is_file()
     assert not (target / "rewriters").exists()
     env = dict(os.environ, PYTHONPATH=str(target), PYTHONNOUSERSITE="1")
     name, matchers, top_level, location, leaks, packages = _probe(env, isolated=True)

@@ -263,7 +263,8 @@ def _through_cli(model, flavor: str, case: Case, tmp_path_factory):
     export(model, [tf.TensorSpec((None, None, FEATURES), tf.float32, name="x")], str(directory / "saved"))
     shape = ",".join(str(d if d is not None else -1) for d in (case.batch, case.time, FEATURES))
     output = directory / "model.onnx"
-    code = convert.main(["--saved-model", str(directory / "saved"), "--output", str(output), "--inputs", f"x:0[{shape}]"])
+    code = convert.main(["--saved-model", str(directory / "saved"), "--output", str(output),
+                         "--inputs", f"x:0[{shape}]"])
     if code != 0:
         raise AssertionError(f"the CLI exited {code}")
     proto = onnx.load(str(output))
@@ -433,7 +434,7 @@ def no_slots(slot: int):
 
 @pytest.mark.parametrize("form", list(PRODUCT_FORMS))
 def test_every_product_form_reads_as_the_same_affine(form: str):
-    from tf2onnx_rnn.rewriters.body import BodyView
+    from tf2onnx_rnn.rewriters.cells.body import BodyView
 
     spec = PRODUCT_FORMS[form]
     affine = BodyView(body_graph(spec.nodes, spec.constants, spec.batch)).affine(spec.read, _X, _H, frozenset())
@@ -443,7 +444,7 @@ def test_every_product_form_reads_as_the_same_affine(form: str):
 
 
 def test_products_that_are_not_x_times_a_weight_are_declined_with_a_reason():
-    from tf2onnx_rnn.rewriters.body import BodyView
+    from tf2onnx_rnn.rewriters.cells.body import BodyView
     from tf2onnx_rnn.rewriters.description import NoMatch
 
     transposed = body_graph([("Gemm", [_X, "W_t", "b"], "pre", dict(transA=1))], {"W_t": _W, "b": _B})
@@ -502,6 +503,7 @@ def test_fixed_signature_through_a_saved_model(flavor: str, case: Case, tmp_path
 CLI_CASES = [Case("masked", 1, 7), Case("plain", 1, None)]
 
 
-@pytest.mark.parametrize("flavor, case", [pytest.param(f, c, id=f"{f}-{c.id}") for f in parity.FLAVORS for c in CLI_CASES])
+@pytest.mark.parametrize("flavor, case", [pytest.param(f, c, id=f"{f}-{c.id}")
+                                          for f in parity.FLAVORS for c in CLI_CASES])
 def test_fixed_signature_through_the_cli(flavor: str, case: Case, tmp_path_factory):
     check(converted("cli", flavor, case, tmp_path_factory), "cli", flavor, case)

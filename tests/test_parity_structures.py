@@ -364,7 +364,8 @@ class Single:
     def loops(self) -> tuple:
         direction = "backward" if self.go_backwards else "forward"
         if self.cell == "stacked":
-            return (Loop(self.name, "StackedRNNCells", direction, ONNX_OP[self.kind], one_direction(self.go_backwards)),)
+            return (Loop(self.name, "StackedRNNCells", direction, ONNX_OP[self.kind],
+                         one_direction(self.go_backwards)),)
         if self.stays_loop:
             return (Loop(self.name, self.kind, None, "Loop", reason=self.stays_loop),)
         return (Loop(self.name, self.kind, direction, ONNX_OP[self.kind], one_direction(self.go_backwards)),)

@@ -19,8 +19,8 @@ import pytest
 import helpers
 import parity
 import tf2onnx_rnn
-from tf2onnx_rnn import ConversionError
 from test_parity_masking import ROW_KINDS, mask_batch
+from tf2onnx_rnn import ConversionError
 
 FEATURES = 3
 TIME = 13
@@ -244,7 +244,8 @@ def test_cli_streams_a_saved_model_and_verifies(tmp_path, capfd):
     module.weights = list(model.weights)
     module.serve = tf.function(lambda x: {"y": model(x, training=False)},
                                input_signature=[tf.TensorSpec((None, None, FEATURES), tf.float32, name="x")])
-    tf.saved_model.save(module, str(tmp_path / "saved"), signatures={"serving_default": module.serve.get_concrete_function()})
+    tf.saved_model.save(module, str(tmp_path / "saved"),
+                        signatures={"serving_default": module.serve.get_concrete_function()})
     output = tmp_path / "streamed.onnx"
     code = convert.main(["--saved-model", str(tmp_path / "saved"), "--output", str(output), "--streaming", "--verify"])
     out = capfd.readouterr().out

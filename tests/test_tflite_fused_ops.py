@@ -15,15 +15,16 @@ import zlib
 
 import numpy as np
 import pytest
-from tf2onnx.tflite import (BidirectionalSequenceLSTMOptions as BiLSTMOptions,
-                            BidirectionalSequenceRNNOptions as BiRNNOptions, SequenceRNNOptions,
-                            UnidirectionalSequenceLSTMOptions as LSTMOptions)
+from tf2onnx.tflite import BidirectionalSequenceLSTMOptions as BiLSTMOptions
+from tf2onnx.tflite import BidirectionalSequenceRNNOptions as BiRNNOptions
+from tf2onnx.tflite import SequenceRNNOptions
+from tf2onnx.tflite import UnidirectionalSequenceLSTMOptions as LSTMOptions
 from tf2onnx.tflite.ActivationFunctionType import ActivationFunctionType
 
 import helpers
 from test_tflite import run_tflite
-from tflite_files import ABSENT, OneOp, write
 from tf2onnx_rnn import ConversionError, convert_tflite, report_of
+from tflite_files import ABSENT, OneOp, write
 
 FEATURES, UNITS, TIME = 3, 4, 5
 _DIR = tempfile.mkdtemp(prefix="tflite_fused_")

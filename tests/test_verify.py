@@ -29,9 +29,11 @@ from onnx import TensorProto, helper, numpy_helper
 import helpers  # noqa: E402  (tests/ is on sys.path, see conftest.py)
 import parity  # noqa: E402  (tests/ is on sys.path, see conftest.py)
 import tf2onnx_rnn  # noqa: E402
-from tf2onnx_rnn import api  # noqa: E402
+from tf2onnx_rnn import (
+    api,  # noqa: E402
+    verify,  # noqa: E402
+)
 from tf2onnx_rnn import convert as cli  # noqa: E402
-from tf2onnx_rnn import verify  # noqa: E402
 from tf2onnx_rnn.errors import VerificationError  # noqa: E402
 
 FEATURES, UNITS, COLUMNS = 4, 5, 3

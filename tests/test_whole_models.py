@@ -40,7 +40,6 @@ import pytest
 import helpers
 import parity
 from parity import FEATURES, FLAVORS, UNITS
-
 from tf2onnx_rnn.errors import first_line
 from tf2onnx_rnn.handlers import ensure_registered
 

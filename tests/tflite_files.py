@@ -10,7 +10,7 @@ from typing import Callable, Optional
 
 import flatbuffers
 import numpy as np
-from tf2onnx.tflite import (Buffer, Model, Operator, OperatorCode, SubGraph, Tensor)
+from tf2onnx.tflite import Buffer, Model, Operator, OperatorCode, SubGraph, Tensor
 from tf2onnx.tflite.BuiltinOperator import BuiltinOperator
 from tf2onnx.tflite.BuiltinOptions import BuiltinOptions
 from tf2onnx.tflite.TensorType import TensorType

@@ -55,8 +55,15 @@ if (not _os.path.isdir(_os.path.join(_HERE, "rewriters")) and "tf2onnx_rnn.rewri
     _rewriters = _util.module_from_spec(_spec)
     _sys.modules[_spec.name] = _rewriters
     _spec.loader.exec_module(_rewriters)
-from .api import (convert_checkpoint, convert_graph_def, convert_keras, convert_saved_model, convert_tflite,
-                  keras_input_signature, report_of)
+from .api import (
+    convert_checkpoint,
+    convert_graph_def,
+    convert_keras,
+    convert_saved_model,
+    convert_tflite,
+    keras_input_signature,
+    report_of,
+)
 from .errors import ConversionError, VerificationError
 from .report import METADATA_KEY, ConversionReport, LoopOutcome
 from .training import trainable_parameters, write_training_artifacts

@@ -25,13 +25,13 @@ from .probes import check_loadable, fits_in_protobuf, stamp_ir_version
 from .reconcile import reconcile, recurrent_loops, unrolled_layers
 from .report import ConversionReport
 from .rewriters.outcome import Findings
+from .shape_check import check_output_shapes
 from .sources import Frozen, Source
 from .sources.graph_def import Checkpoint, GraphDefFile
 from .sources.keras_model import KerasModel, keras_input_signature
 from .sources.saved_model import SavedModel
 from .sources.tflite import TFLite
 from .sources.time_distributed import refuse_mistraced
-from .shape_check import check_output_shapes
 from .training import training_form
 from .translate import to_onnx
 
@@ -72,7 +72,8 @@ def convert_keras(model, input_signature=None, opset: Optional[int] = None, outp
     ``input_signature`` (tf.TensorSpecs) defaults to the model's inputs with a dynamic batch; a
     signature that contradicts the model raises :class:`ConversionError`. Other keyword
     arguments: ``check_shapes`` (default True: without ``verify``, the outputs' shapes are checked
-    against the model's on small random inputs), ``continue_on_error``, ``large_model``, ``rename_inputs``, ``rename_outputs``,
+    against the model's on small random inputs), ``continue_on_error``, ``large_model``, ``rename_inputs``,
+    ``rename_outputs``,
     ``inputs``, ``streaming`` and tf2onnx's ``target``, ``extra_opset``, ``inputs_as_nchw``,
     ``outputs_as_nchw``, ``shape_override``, ``custom_ops``, ``custom_op_handlers``,
     ``custom_rewriter``, ``optimizers``. With ``verify=True`` the ONNX model is run in onnxruntime

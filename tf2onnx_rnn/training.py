@@ -290,5 +290,5 @@ def training_build():
         from onnxruntime.training import artifacts
     except ImportError:
         raise ConversionError("training artifacts need onnxruntime's training build (onnxruntime-training-cpu "
-                              "1.19, with numpy<2 and onnx<1.18: see the README's Training section)") from None
+                              "1.19, with numpy<2 and onnx<1.18: see docs/training.md)") from None
     return artifacts

@@ -378,13 +378,27 @@ def verify_saved_model(path: str, model_proto: onnx.ModelProto, signature_def: O
     return compare(reference, model_proto, tolerance, seed, inputs, reference_name="TensorFlow", values=values)
 
 
+def interpreter(path: str, model_content: Optional[bytes] = None):
+    """The TFLite interpreter for a file: LiteRT's where the ``ai_edge_litert`` package is installed, else
+    TensorFlow's (deprecated in TensorFlow 2.20 and later, still there)."""
+    import warnings
+
+    try:
+        from ai_edge_litert.interpreter import Interpreter
+    except ImportError:
+        import tensorflow as tf
+
+        Interpreter = tf.lite.Interpreter
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return Interpreter(model_path=path) if model_content is None else Interpreter(model_content=model_content)
+
+
 def verify_tflite(path: str, model_proto: onnx.ModelProto, tolerance: float = 1e-4, seed: int = 0,
                   inputs: Optional[list] = None, values: bool = True) -> VerificationResult:
     """Compare a TFLite file, run in the TFLite interpreter, with its conversion. The interpreter's
     state variables (a fused LSTM's states) are reset before every call, so each starts from zeros
     as the ONNX model does; dynamic dimensions are resized to each round's."""
-    from .sources.tflite import interpreter
-
     runner = interpreter(path)
     details = runner.get_input_details()
     onnx_names = [name for name, _, _ in onnx_input_specs(model_proto)]

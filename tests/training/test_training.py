@@ -26,6 +26,7 @@ import pytest
 pytest.importorskip("onnxruntime.training", reason="needs onnxruntime's training build (the training slice)")
 
 import onnxruntime  # noqa: E402
+
 import parity  # noqa: E402
 import tf2onnx_rnn  # noqa: E402
 from tf2onnx_rnn.training import held_parameters  # noqa: E402

@@ -10,8 +10,8 @@ from typing import Optional
 
 from ..errors import ConversionError, first_line, param
 from . import Frozen, Source, check_input_shape, placeholder_shapes, resolve_names
-from .outside_ops import RESTORING, executed_ops, outside, refuse_outside
 from .keras_file import KERAS_EXTENSIONS
+from .outside_ops import RESTORING, executed_ops, outside, refuse_outside
 
 
 class SavedModel(Source):

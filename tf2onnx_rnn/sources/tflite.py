@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Optional
 
 from ..errors import ConversionError, first_line, param
 from ..rewriters.description import Approximations
@@ -72,7 +71,7 @@ def read_layout(path: str) -> _Layout:
     from tf2onnx.tflite_utils import lookup_enum
 
     from ..reconcile import RecurrentLoop
-    from ..rewriters.tflite_fused import OPS
+    from ..rewriters.readers.tflite_fused import OPS
 
     fused_ops = {op[len("TFL_"):] for op in OPS}  # the fused recurrent ops the rewriter reads
 
@@ -147,19 +146,3 @@ def _body_of(op, graphs: list, lookup_enum):
 def _gathers(graph, codes: list) -> bool:
     """Whether a loop body gathers steps from a sequence (a recurrent layer's loop)."""
     return any(codes[graph.Operators(k).OpcodeIndex()] == "GATHER" for k in range(graph.OperatorsLength()))
-
-
-def interpreter(path: str, model_content: Optional[bytes] = None):
-    """The TFLite interpreter for a file: LiteRT's where the ``ai_edge_litert`` package is installed, else
-    TensorFlow's (deprecated in TensorFlow 2.20 and later, still there)."""
-    import warnings
-
-    try:
-        from ai_edge_litert.interpreter import Interpreter
-    except ImportError:
-        import tensorflow as tf
-
-        Interpreter = tf.lite.Interpreter
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return Interpreter(model_path=path) if model_content is None else Interpreter(model_content=model_content)

@@ -15,11 +15,11 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from .activations import function_of
+from ..cells.activations import function_of
+from ..cells.evaluate import NotEvaluable, evaluate
+from ..description import BodyMatch, NoMatch, StateRole, require
 from .adapt import gate_weights
 from .chains import STACKS, Chain, Labels
-from .description import BodyMatch, NoMatch, StateRole, require
-from .evaluate import NotEvaluable, evaluate
 from .steps import Template
 
 _PROBE_ROUNDS = (1.0, 3.0)  # scales of the random inputs a step is checked on

@@ -8,8 +8,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
-from .description import Direction, NodeDirection, Pass, RecurrentLayer, StateRole
+from ..description import Direction, NodeDirection, Pass, RecurrentLayer, StateRole
+
+if TYPE_CHECKING:  # the emitter hands itself to a variant; the variant never imports it
+    from .emitter import Emission
 
 class MaskForm:
     """How a masked layer's mask reaches its node: the kept counts as ``sequence_lens``, so the node
@@ -34,19 +38,19 @@ class MaskForm:
         """The node's direction attribute."""
         return layer.direction
 
-    def inputs(self, emission: "Emission") -> tuple:
+    def inputs(self, emission: Emission) -> tuple:
         """The node's X and sequence_lens ("" for none)."""
         x = emission.x
         if emission.mask is None:
             return x, ""
         return (emission.mask.compact(x) if emission.compacted else x), emission.mask.lengths
 
-    def steps(self, emission: "Emission", y: str) -> str:
+    def steps(self, emission: Emission, y: str) -> str:
         """[T, B, H]: a pass's node outputs -> its outputs in the order of X, at compacted positions
         when masked (zero past each row's kept count when not compacted)."""
         return y
 
-    def state(self, emission: "Emission", node, index: int, role: StateRole) -> str:
+    def state(self, emission: Emission, node, index: int, role: StateRole) -> str:
         """[1, B, H]: pass ``index``'s state at its last kept step (zeros for a row with none)."""
         return emission.node_state(node, index, role)
 
@@ -88,13 +92,13 @@ class PortableMask(MaskForm):
     def direction(self, layer: RecurrentLayer) -> NodeDirection:
         return NodeDirection.FORWARD
 
-    def inputs(self, emission: "Emission") -> tuple:
+    def inputs(self, emission: Emission) -> tuple:
         x, mask = emission.x, emission.mask
         if emission.layer.direction is NodeDirection.REVERSE:
             return (emission.reversed_in_time(x) if mask is None else mask.compact_reversed(x, emission.compacted)), ""
         return (mask.compact(x) if emission.compacted else x), ""
 
-    def steps(self, emission: "Emission", y: str) -> str:
+    def steps(self, emission: Emission, y: str) -> str:
         mask = emission.mask
         if emission.layer.direction is NodeDirection.REVERSE:
             y = emission.reversed_in_time(y) if mask is None else mask.unreverse(y)
@@ -103,7 +107,7 @@ class PortableMask(MaskForm):
             y = mask.op("Where", [mask.kept, y, mask.zero])
         return y
 
-    def state(self, emission: "Emission", node, index: int, role: StateRole) -> str:
+    def state(self, emission: Emission, node, index: int, role: StateRole) -> str:
         if emission.mask is None:  # the last step of the reversed input is the first: the node's own state
             return super().state(emission, node, index, role)
         assert role is StateRole.HIDDEN, "a cell state is not in the node's outputs"

@@ -7,15 +7,14 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Optional
 
 import numpy as np
 from onnx import helper
 from tf2onnx import utils
 from tf2onnx.graph_builder import GraphBuilder
 
-from .description import MaskedOutput, NoMatch, NodeDirection, RecurrentLayer, StateRole
-from .mask_forms import Masks, MaskForm
+from ..description import MaskedOutput, NodeDirection, NoMatch, RecurrentLayer, StateRole
+from .mask_forms import MaskForm, Masks
 from .mask_tensors import MaskTensors
 from .states import MODEL_STATES, StateWiring
 

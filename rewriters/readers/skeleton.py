@@ -8,36 +8,12 @@ and unmasked bodies alike.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Optional
+from dataclasses import replace
 
 from onnx import TensorProto
 
-from .body import BodyView
-from .description import MaskedOutput, Masking, require
-
-
-@dataclass(frozen=True)
-class Skeleton:
-    """The loop slots of a recurrent body (slot = position in the loop's variables)."""
-
-    input_slot: int
-    output_slot: int
-    output_every_step: bool
-    mask_slot: Optional[int]
-    x_t: str
-    mask_t: Optional[str]
-    y_t: str  # the value written to the output list each step
-    state_inputs: dict  # slot -> body input tensor, for slots the cell updates
-    state_outputs: dict  # slot -> the tensor the body returns for that slot
-    constant_slots: frozenset  # slots passed through unchanged
-
-    def single_state(self, cell: str) -> tuple[int, str]:
-        """(slot, previous value) of a cell whose one state is also its output (GRU, simple RNN)."""
-        require(len(self.state_inputs) == 1, f"a {cell} carries 1 state, this loop carries {len(self.state_inputs)}")
-        ((slot, previous),) = self.state_inputs.items()
-        require(self.state_outputs[slot] == self.y_t, "the loop's state is not its per-step output")
-        return slot, previous
+from ..cells.body import BodyView
+from ..description import MaskedOutput, Masking, Skeleton, require
 
 
 def read_skeleton(view: BodyView) -> Skeleton:

@@ -12,10 +12,10 @@ import itertools
 from dataclasses import replace
 from typing import Callable
 
-from . import cell_kinds
+from .. import cell_kinds
+from ..cells.body import BodyView
+from ..description import BodyMatch, Direction, NoMatch, StackMatch, StateRole, require
 from .adapt import build_pass
-from .body import BodyView
-from .description import BodyMatch, Direction, NoMatch, StackMatch, StateRole, require
 from .skeleton import Skeleton
 
 MatchOne = Callable[[BodyView, Skeleton], BodyMatch]

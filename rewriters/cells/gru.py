@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..description import BodyMatch, CellKind, GateForm, NoMatch, Skeleton, StateRole, require
 from .body import BodyView, Term
-from .description import BodyMatch, CellKind, GateForm, NoMatch, StateRole, require
 from .equations import gate_terms
-from .skeleton import Skeleton
 
 
 def step(x, states: dict, weights: dict, activations, attributes: dict) -> dict:

@@ -16,10 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable, Optional, Sequence
 
+from ..cells.body import BodyView
+from ..description import BodyMatch, Direction, NoMatch, Pass, StackMatch, StateRole, Wiring, require
 from .adapt import gate_weights, initial_states, is_zero, mask_wiring, require_not_graph_outputs, reversals
-from .body import BodyView
 from .chains import NO_STEP, STACKS, Chain, Labels, projections, topological
-from .description import BodyMatch, Direction, NoMatch, Pass, StackMatch, StateRole, Wiring, require
 from .skeleton import Skeleton, unmask
 from .step_values import first_step_from_zero, no_loop_values, rearranged_last_step
 from .steps import ZERO_MAKERS, Mode, StepMap, Template, identity_map

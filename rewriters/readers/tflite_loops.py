@@ -17,10 +17,18 @@ reads them into the same :class:`~.description.Pass` the other readers give.
 """
 from __future__ import annotations
 
-from .adapt import (constant_list, gate_weights, initial_states, loop_mask, output_wiring, reversals,
-                    slot_values, state_output)
-from .body import BodyView
-from .description import BodyMatch, Direction, Pass, Wiring, require
+from ..cells.body import BodyView
+from ..description import BodyMatch, Direction, Pass, Wiring, require
+from .adapt import (
+    constant_list,
+    gate_weights,
+    initial_states,
+    loop_mask,
+    output_wiring,
+    reversals,
+    slot_values,
+    state_output,
+)
 from .skeleton import Skeleton, carried, sequences, time_index
 
 LOOP_OP = "TFL_WHILE"

@@ -13,8 +13,8 @@ from typing import Optional
 
 import numpy as np
 
-from .description import BodyMatch, Direction, Masking, NoMatch, Pass, Wiring, require
-from .evaluate import NotEvaluable, evaluate
+from ..cells.evaluate import NotEvaluable, evaluate
+from ..description import BodyMatch, Direction, Masking, NoMatch, Pass, Wiring, require
 
 
 # -- pieces every reader's pass is built from ---------------------------------------------------

@@ -13,7 +13,7 @@ from typing import Optional
 
 import numpy as np
 
-from .description import NoMatch, require
+from ..description import NoMatch, require
 
 ZERO_MAKERS = frozenset({"ZerosLike"})  # Keras's first masked step carries zeros_like(output)
 

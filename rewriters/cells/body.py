@@ -18,9 +18,9 @@ from typing import Callable, Optional
 import numpy as np
 from onnx import TensorProto, helper
 
+from ..description import Activation, NoMatch, WeightSource, require
 from .activations import identify, tolerance_for
 from .evaluate import ELEMENTWISE_OPS, NotEvaluable, evaluate
-from .description import Activation, NoMatch, WeightSource, require
 
 _SUM_OPS = frozenset({"AddV2", "Add", "BiasAdd"})
 

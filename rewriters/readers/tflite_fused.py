@@ -29,10 +29,20 @@ from typing import Optional
 import numpy as np
 import onnx
 
+from ..cells.evaluate import NotEvaluable, evaluate
+from ..description import (
+    Activation,
+    Approximations,
+    CellKind,
+    Direction,
+    FusedLayout,
+    NoMatch,
+    Pass,
+    StateRole,
+    Wiring,
+    require,
+)
 from .adapt import constant_list, require_not_graph_outputs
-from .description import (Activation, Approximations, CellKind, Direction, FusedLayout, NoMatch, Pass, StateRole,
-                          Wiring, require)
-from .evaluate import NotEvaluable, evaluate
 
 _X = 0  # every fused op's sequence input
 
@@ -94,7 +104,7 @@ _ACTIVATIONS = {"TANH": (Activation("Tanh"), 1.0), "SIGMOID": (Activation("Sigmo
 
 def kind_of(onnx_op: str) -> CellKind:
     """The cell family whose node is ``onnx_op``."""
-    from . import cell_kinds
+    from .. import cell_kinds
 
     found = [kind for kind in cell_kinds() if kind.onnx_op == onnx_op]
     require(len(found) == 1, f"no cell family becomes ONNX's {onnx_op}")

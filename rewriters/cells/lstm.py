@@ -6,10 +6,9 @@ i, o, f, c and its activations are (f, g, h) = (ra, a, a).
 """
 from __future__ import annotations
 
+from ..description import BodyMatch, CellKind, GateForm, Skeleton, StateRole, require
 from .body import BodyView
-from .description import BodyMatch, CellKind, GateForm, StateRole, require
 from .equations import gate_terms
-from .skeleton import Skeleton
 
 
 def step(x, states: dict, weights: dict, activations, attributes: dict) -> dict:

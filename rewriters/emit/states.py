@@ -7,12 +7,15 @@ conversion by :func:`select_states`.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 from onnx import helper
 
-from .description import Direction, NodeDirection, NoMatch, RecurrentLayer, StateRole
+from ..description import Direction, NodeDirection, NoMatch, RecurrentLayer, StateRole
+
+if TYPE_CHECKING:  # the emitter hands itself to a variant; the variant never imports it
+    from .emitter import Emission
 
 class StateWiring:
     """How a layer's recurrent states meet the model: the states the model itself gives and uses.
@@ -26,7 +29,7 @@ class StateWiring:
         """``layer`` as the node is built from it."""
         return layer
 
-    def carried_start(self, emission: "Emission", index: int) -> Optional[str]:
+    def carried_start(self, emission: Emission, index: int) -> Optional[str]:
         """[B, H]: what a masked pass's carried output is before its first kept step (None: zeros,
         as Keras starts every call)."""
         return None
@@ -35,7 +38,7 @@ class StateWiring:
         """The states the layer's node must give at its end: those the model uses."""
         return {role for pass_ in layer.passes for role, _ in pass_.wiring.final_states}
 
-    def finish(self, emission: "Emission", node) -> tuple:
+    def finish(self, emission: Emission, node) -> tuple:
         """Add what the variant needs around the built node; returns the :class:`StateIO` it added."""
         return ()
 
@@ -87,13 +90,13 @@ class StreamedStates(StateWiring):
     def final_roles(self, layer: RecurrentLayer) -> set:
         return super().final_roles(layer) | set(layer.first.kind.state_roles)  # every state is an output
 
-    def carried_start(self, emission: "Emission", index: int) -> Optional[str]:
+    def carried_start(self, emission: Emission, index: int) -> Optional[str]:
         # in a whole sequence a masked step repeats the last kept step's output, which is the state
         # carried in (zero only where the stream starts)
         tensor = dict(emission.layer.passes[index].wiring.initial_states).get(StateRole.HIDDEN)
         return tensor if tensor == self.name(emission.layer.passes[index], StateRole.HIDDEN, "in") else None
 
-    def finish(self, emission: "Emission", node) -> tuple:
+    def finish(self, emission: Emission, node) -> tuple:
         pass_, graph = emission.layer.first, emission.graph
         given = dict(pass_.wiring.initial_states)
         added = []

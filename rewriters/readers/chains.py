@@ -15,8 +15,8 @@ from typing import Optional, Sequence
 import numpy as np
 from onnx import TensorProto
 
+from ..cells.evaluate import NotEvaluable, evaluate
 from .adapt import is_constant
-from .evaluate import NotEvaluable, evaluate
 
 NO_STEP = -1  # the label of what depends on no step's input (weights, initial states)
 # ops that carry a state into the next step's pre-activations without reading the step's input (a Mul

@@ -11,8 +11,8 @@ from typing import Optional
 
 import numpy as np
 
-from .adapt import constant_list, one_step
-from .description import Direction, NodeDirection, Pass, RecurrentLayer
+from ..description import Direction, NodeDirection, Pass, RecurrentLayer
+from ..readers.adapt import constant_list, one_step
 from .mask_forms import Masks
 
 

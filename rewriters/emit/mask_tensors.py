@@ -12,7 +12,8 @@ from onnx import TensorProto
 from tf2onnx import utils
 from tf2onnx.graph_builder import GraphBuilder
 
-from .description import MaskedOutput
+from ..description import MaskedOutput
+
 
 def _built_once(builder):
     """A property whose graph nodes are built on first use and reused after."""

@@ -15,8 +15,8 @@ from typing import Callable
 
 import numpy as np
 
+from ..description import Activation, NoMatch
 from .evaluate import NotEvaluable
-from .description import Activation, NoMatch
 
 _PROBES = np.concatenate([
     np.linspace(-12.0, 12.0, 2401),
