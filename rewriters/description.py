@@ -82,6 +82,9 @@ class CellKind:
     # attributes of a loop body graph through which tf2onnx's own rewriters would claim this family's
     # loops (cleared when this package's matchers take a loop)
     tf2onnx_contexts: tuple[str, ...] = ()
+    # the family this kind is another form of (TF1's LSTMBlockCell op of the LSTM family), "" for a
+    # family of its own: a reader that knows only the ONNX op a layer becomes takes the family itself
+    form_of: str = ""
 
     @property
     def state_count(self) -> int:
@@ -128,6 +131,7 @@ class GateForm:
     recurrent_weight: Optional[WeightSource]
     input_bias: Optional[WeightSource] = None
     recurrent_bias: Optional[WeightSource] = None
+    peephole: Optional[WeightSource] = None  # LSTM: the weight of the cell state added to the gate (ONNX's P)
 
 
 class MaskedOutput(enum.Enum):
@@ -139,12 +143,19 @@ class MaskedOutput(enum.Enum):
 
 @dataclass(frozen=True)
 class Masking:
-    """How a masked loop body treats masked steps: states hold, the output carries or zeros."""
+    """How a masked loop body treats masked steps: states hold, the output carries or zeros.
 
-    mask_slot: int  # the TensorList of per-step masks
+    A Keras loop reads a mask per step from a TensorList (``mask_slot``); a TF1 loop given a
+    ``sequence_length`` masks the steps from each row's length on (``lengths``, the body's tensor
+    of lengths), which ONNX's ``sequence_lens`` does itself."""
+
+    mask_slot: Optional[int]  # the TensorList of per-step masks (None: masked by lengths)
     output: MaskedOutput
-    output_slot: int  # the loop variable that holds the previous output
+    output_slot: Optional[int]  # the loop variable that holds the previous output (None: not carried)
     zeros_slot: Optional[int] = None  # ZERO: the loop constant the output takes at masked steps
+    lengths: Optional[str] = None  # each row's length, as the body reads it
+    lengths_slot: Optional[int] = None  # the loop constant holding it, where the body reads it as one
+    zeros: Optional[str] = None  # ZERO: the tensor the output takes at masked steps, as the body reads it
 
 
 @dataclass(frozen=True)
@@ -161,6 +172,7 @@ class Skeleton:
     state_inputs: dict  # slot -> body input tensor, for slots the cell updates
     state_outputs: dict  # slot -> the tensor the body returns for that slot
     constant_slots: frozenset  # slots passed through unchanged
+    time_input: str = ""  # the body's time index (the step being computed), where it has one
 
     def single_state(self, cell: str) -> tuple[int, str]:
         """(slot, previous value) of a cell whose one state is also its output (GRU, simple RNN)."""
@@ -184,6 +196,9 @@ class BodyMatch:
     attributes: OpAttributes = ()  # the family's own ONNX attributes for this layer
     masking: Optional[Masking] = None
     note: str = ""  # what the native node computes otherwise than the source, said in the report
+    # (tensor, its WeightSource or None when it varies, the value reading the body assumed it has): a
+    # dropout's rate of zero, checked where the loop's inputs are known
+    assumed: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -207,6 +222,8 @@ class Wiring:
     # Bidirectional reverses its backward layer's output, putting a backward pass back in time order)
     time_order_output: tuple[str, ...] = ()  # the sequence in time order, laid out as X (a fused
     # bidirectional op's backward half)
+    batch_major_output: tuple[str, ...] = ()  # [B, T, H]: the step-order sequence, batch-major (a TF1
+    # static_rnn's outputs stacked along axis 1)
     last_output: tuple[str, ...] = ()  # become Y_h, [1, B, H]
     last_step_output: tuple[str, ...] = ()  # [B, H]: the output at the last step (an unrolled chain's), as Y_h
     final_states: tuple[tuple[StateRole, str], ...] = ()  # become a state, [B, H]
@@ -216,6 +233,9 @@ class Wiring:
     mask_unreversed: Optional[str] = None  # for a backward pass: the mask before Keras reversed it
     mask_source: str = ""  # where the mask comes from, for the report
     masked_output: Optional[MaskedOutput] = None
+    # [B] integers: each row's length (TF1's sequence_length), the steps from it on masked (a mask of
+    # post-padded rows, given as lengths); then ``mask`` is None
+    lengths: Optional[str] = None
     # an unrolled layer unstacks its input (and mask) in time order whichever way it steps: a backward
     # pass's ``x`` and ``mask`` are then in time order, and the node reverses them when it runs forward
     reverse_x: bool = False
@@ -240,6 +260,7 @@ class Pass:
     B: np.ndarray  # [2*G*H] = [Wb, Rb]
     activations: tuple[Activation, ...]
     wiring: Wiring
+    P: Optional[np.ndarray] = None  # LSTM's peepholes [3*H] = [Pi, Po, Pf], where the cell has them
     stack: tuple[int, int] = (0, 1)  # (this cell's position, cells) in a StackedRNNCells loop
     unrolled: int = 0  # an unrolled chain's number of steps (0: a while-loop)
     note: str = ""  # what the native node computes otherwise than the source, said in the report
@@ -266,8 +287,14 @@ class RecurrentLayer:
     passes: tuple[Pass, ...]  # in ONNX direction order
     mask: Optional[str] = None  # time-major mask in the order of X
     mask_key: Optional[tuple] = None  # equal for masks equal by construction (computed once)
+    lengths: Optional[str] = None  # [B] each row's length, the steps from it on masked (instead of a mask)
     reverse_x: bool = False  # X and the mask are the given tensors reversed in time (built by the emitter)
     batch_major: bool = False  # X and the sequence outputs the passes replace are [B, T, ...]
+
+    @property
+    def masked(self) -> bool:
+        """Whether steps of the layer are masked: by a mask, or past each row's length."""
+        return self.mask is not None or self.lengths is not None
 
     def runs_forward(self, index: int) -> bool:
         """Whether pass ``index`` steps through X first to last."""

@@ -45,3 +45,4 @@ class Findings:
     outcomes: list = field(default_factory=list)  # Outcome rows, in the order recorded
     setup_error: str = ""  # why the rewriter could not run at all (an internal error), if it could not
     unrolled_error: str = ""  # why unrolled layers could not even be looked for (an internal error), if so
+    no_fallback: set = field(default_factory=set)  # fused ops tf2onnx has no handler for: unread, the model fails

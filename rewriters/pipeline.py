@@ -23,13 +23,14 @@ from .description import Approximations, BodyMatch, NoMatch, Pass, StackMatch, r
 from .emit.bool_masks import exact_selects, integer_any, select_bool_products
 from .emit.emitter import EmitContext, emit
 from .emit.mask_forms import Masks, select_masks
+from .emit.padded_lists import pad_stacked_lists
 from .emit.plan import plan_nodes
 from .emit.states import MODEL_STATES, StateWiring, select_states
 from .outcome import WHILE_OPS, Findings
-from .readers import tflite_fused, tflite_loops
+from .readers import tf1_fused, tf1_loops, tflite_fused, tflite_loops
 from .readers.adapt import build_pass
 from .readers.chains import Chain, find_chains, is_recurrent
-from .readers.skeleton import read_skeleton, unmask
+from .readers.skeleton import read_skeleton, unmask, unmask_lengths
 from .readers.stacked import match_stack, stack_passes
 from .readers.unrolled import chain_pass, read_chain
 from .rows import LoopId, Rows, kind_hint, scope_name
@@ -77,13 +78,17 @@ class RecurrentRewriter:
             if any(op.type == "TensorListGetItem" for op in ops) or tflite_loops.is_body(graph):
                 self._read_body(graph)
             loops = [op for op in ops if op.type in WHILE_OPS + (tflite_loops.LOOP_OP,)]
-            fused = [op for op in ops if op.type in tflite_fused.OPS]
+            loops += self._guarded("finding TF 1.x loops", [],
+                                   lambda: [op for op in ops if tf1_loops.is_loop(op)]) or []
+            fused = [op for op in ops if op.type in tflite_fused.OPS or op.type in tf1_fused.OPS]
             chains = []
             if any(op.type == "Unpack" for op in ops):  # unroll=True layers: chains of steps, no loop
                 chains = self._find_chains(graph)
             if loops or chains or fused:
                 # fused ops first: one may hand its final state to a loop read after it
                 self._replace_loops(graph, fused + loops, chains)
+            if loops:  # the loops left as they are return the rows TensorFlow gives them
+                self._guarded("padding the loops' stacked outputs", [], lambda: pad_stacked_lists(graph))
             # after the loops are read (the mask's source is named from Keras's own ops): the mask
             # arithmetic without float Casts
             self._guarded("selecting on bool masks", [], lambda: select_bool_products(graph))
@@ -107,19 +112,27 @@ class RecurrentRewriter:
             for context in {context for kind in cell_kinds() for context in kind.tf2onnx_contexts}:
                 setattr(graph, context, None)
 
-    def _match_body(self, graph) -> Union[BodyMatch, StackMatch, NoMatch]:
+    def _match_body(self, graph, scan=None) -> Union[BodyMatch, StackMatch, NoMatch]:
+        """The match of a loop body (``scan``: the TF 1.x Scan whose body ``graph`` is)."""
         try:
-            view = BodyView(graph)
-            tensor_lists = any(n.type == "TensorListGetItem" for n in graph.get_nodes())
-            skeleton = read_skeleton(view) if tensor_lists else tflite_loops.read_skeleton(view)
-            masking = None
-            if skeleton.mask_slot is not None:
-                skeleton, masking = unmask(view, skeleton)
+            view = tf1_loops.view_of(scan) if scan is not None else BodyView(graph)
+            if scan is not None:
+                skeleton, masking = tf1_loops.read_body(view, scan)
+            else:
+                tensor_lists = any(n.type == "TensorListGetItem" for n in graph.get_nodes())
+                skeleton = read_skeleton(view) if tensor_lists else tflite_loops.read_skeleton(view)
+                if skeleton.mask_slot is not None:
+                    skeleton, masking = unmask(view, skeleton)
+                else:
+                    skeleton, masking = unmask_lengths(view, skeleton)
             match = self._match_cells(view, skeleton)
             note = self._quantization_note(view)
+            assumed = tuple((tensor, view.static_source(tensor, skeleton.constant_slots), value)
+                            for tensor, value in view.assumed.items())
             if isinstance(match, StackMatch):  # every cell of a stack skips the masked steps
-                return StackMatch(tuple(replace(cell, masking=masking, note=note) for cell in match.cells))
-            return replace(match, masking=masking, note=note)
+                return StackMatch(tuple(replace(cell, masking=masking, note=note, assumed=assumed)
+                                        for cell in match.cells))
+            return replace(match, masking=masking, note=note, assumed=assumed)
         except NoMatch as no_match:
             return no_match
 
@@ -226,15 +239,18 @@ class RecurrentRewriter:
         return self._loop_id(subject)
 
     def _loop_id(self, loop) -> LoopId:
+        if loop.type in tf1_fused.OPS:
+            return LoopId(loop.name, self.layer_of(loop.name) or scope_name(loop.name), loop.type)
         if loop.type in tflite_fused.OPS:
             name = tflite_fused.op_name(loop)
             return LoopId(name, self.layer_of(name) or scope_name(name),
                           tflite_fused.kind_of(tflite_fused.OPS[loop.type].onnx_op).keras_name)
         body = _body_of(loop)
         entry = self.bodies.get(body)
+        name = tf1_loops.loop_name(loop) if tf1_loops.is_loop(loop) else loop.name
         kind = (entry.kind.keras_name if isinstance(entry, BodyMatch) else
-                entry.kind_name if isinstance(entry, StackMatch) else kind_hint(loop.name + " " + body))
-        return LoopId(loop.name, self.layer_of(loop.name) or scope_name(loop.name), kind)
+                entry.kind_name if isinstance(entry, StackMatch) else kind_hint(name + " " + body))
+        return LoopId(name, self.layer_of(name) or scope_name(name), kind)
 
     def _chain_id(self, chain: Chain) -> LoopId:
         return LoopId(chain.unpack, self.layer_of(chain.unpack) or scope_name(chain.unpack), kind_hint(chain.unpack),
@@ -263,8 +279,10 @@ class RecurrentRewriter:
     def _read_passes(self, graph, loop) -> list:
         """The loop's passes: one, or one per cell of a stack; none when it stays a Loop. A TFLite fused
         op is read as a loop would be."""
-        if loop.type in tflite_fused.OPS:
+        if loop.type in tflite_fused.OPS or loop.type in tf1_fused.OPS:
             return self._read_fused(graph, loop)
+        if tf1_loops.is_loop(loop):  # read here: tf2onnx made it in this graph, its body is still TensorFlow's
+            self.bodies[_body_of(loop)] = self._match_body(tf1_loops.body_of(loop), scan=loop)
         entry = self.bodies.get(_body_of(loop))
         if entry is None:
             return []  # a body with no TensorList reads: not a recurrent layer, nothing to report
@@ -277,17 +295,25 @@ class RecurrentRewriter:
             return []
         try:
             if isinstance(entry, StackMatch):
-                return stack_passes(graph, loop, entry, loop_id.layer)
+                build = tf1_loops.build_pass if tf1_loops.is_loop(loop) else build_pass
+                return stack_passes(graph, loop, entry, loop_id.layer, build)
             if loop.type == tflite_loops.LOOP_OP:
                 return [tflite_loops.build_pass(graph, loop, entry, loop_id.layer)]
+            if tf1_loops.is_loop(loop):
+                return [tf1_loops.build_pass(graph, loop, entry, loop_id.layer)]
             return [build_pass(graph, loop, entry, loop_id.layer)]
         except NoMatch as no_match:
             self.rows.kept(loop_id, no_match.reason, no_match.node)
         return []
 
     def _read_fused(self, graph, node) -> list:
+        """A fused recurrent op's passes. The op has no tf2onnx handler: one left unread is the conversion's
+        error (``findings.no_fallback``)."""
         loop_id = self._loop_id(node)
+        self.findings.no_fallback.add(loop_id.loop)
         try:
+            if node.type in tf1_fused.OPS:
+                return tf1_fused.fused_passes(graph, node, loop_id.layer)
             return tflite_fused.fused_passes(graph, node, self.fused_ops.get(loop_id.loop), loop_id.layer,
                                              self.allowed)
         except NoMatch as no_match:
@@ -311,5 +337,9 @@ class RecurrentRewriter:
 
 
 def _body_of(loop) -> str:
-    """The name of the body function a loop node runs."""
-    return tflite_loops.body_name(loop) if loop.type == tflite_loops.LOOP_OP else loop.get_attr_str("body")
+    """The name of the body function (or graph) a loop node runs."""
+    if loop.type == tflite_loops.LOOP_OP:
+        return tflite_loops.body_name(loop)
+    if tf1_loops.is_loop(loop):
+        return tf1_loops.body_of(loop).graph_name
+    return loop.get_attr_str("body")

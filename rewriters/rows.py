@@ -64,7 +64,7 @@ def _left_as(outcome: Outcome) -> str:
 def _mask_text(pass_: Pass, form: str) -> str:
     """How a masked pass was emitted, for the report."""
     wiring = pass_.wiring
-    if wiring.mask is None:
+    if wiring.mask is None and wiring.lengths is None:
         return ""
     return f"{wiring.mask_source}; {form}; masked steps {wiring.masked_output.value}"
 

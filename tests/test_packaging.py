@@ -19,7 +19,7 @@ PROBE = ("import importlib.util, json, pkgutil, tf2onnx_rnn, tf2onnx_rnn.rewrite
          "str(importlib.util.find_spec('rewriters')), r.__file__, leaks, packages]))")
 
 # the cell modules found by the package's own discovery, under the installed name
-MATCHERS = [f"tf2onnx_rnn.rewriters.cells.{name}" for name in ("gru", "lstm", "simple_rnn")]
+MATCHERS = [f"tf2onnx_rnn.rewriters.cells.{name}" for name in ("gru", "gru_block", "lstm", "lstm_block", "simple_rnn")]
 
 
 def _only_rewriters(leaks, packages):

@@ -74,12 +74,17 @@ class BodyView:
 
     requantized = ""  # where an input quantized on the fly (a TFLite hybrid kernel) was read as the float value
 
-    def __init__(self, graph):
+    def __init__(self, graph, inputs: Optional[list] = None, outputs: Optional[list] = None):
+        """``inputs``, ``outputs``: the body's loop variables, where they are not all the graph's inputs
+        and outputs. (A subclass that does not call this, the unrolled reader's StepView, sets
+        ``_blocks`` and ``assumed`` itself.)"""
         self.graph = graph
-        self.inputs = list(graph.input_names)
-        self.outputs = list(graph.outputs)
+        self.inputs = list(graph.input_names) if inputs is None else inputs
+        self.outputs = list(graph.outputs) if outputs is None else outputs
         require(len(self.inputs) == len(self.outputs), "body inputs and outputs differ in number")
         self._slot_of_input = {name: slot for slot, name in enumerate(self.inputs)}
+        self._blocks: dict = {}  # pre-activations this view names: column blocks of another tensor
+        self.assumed: dict = {}  # tensor -> the value reading the body assumed it has (a dropout rate of 0)
 
     # -- basic navigation -------------------------------------------------------------
     def resolve(self, tensor: str) -> str:
@@ -95,6 +100,8 @@ class BodyView:
                 tensor = next((t for t in node.input if not self._is_ones(t)), node.input[0])
             elif self._requantization(node) is not None:
                 tensor, self.requantized = self._requantization(node), node.name
+            elif self._dropout(node) is not None:
+                tensor = self._dropout(node)
             else:
                 return tensor
             node = self.graph.get_node_by_output(tensor)
@@ -109,6 +116,34 @@ class BodyView:
                 and all(q is quantized[0] for q in quantized):
             return quantized[0].input[0]
         return None
+
+    def _dropout(self, node) -> Optional[str]:
+        """The value a dropout passes through at a rate of zero (TF1's ``DropoutWrapper`` at inference):
+        ``Select(uniform >= rate, value / (1 - rate), 0)``, a uniform sample in [0, 1). The rate is
+        assumed to be zero (:attr:`assumed`): where it is not a constant, the reader checks it."""
+        if node.type not in ("Select", "SelectV2") or len(node.input) != 3:
+            return None
+        condition, dropped = (self.graph.get_node_by_output(node.input[i]) for i in (0, 2))
+        if condition is None or condition.type != "GreaterEqual" or dropped is None or not dropped.is_const() \
+                or np.any(dropped.get_tensor_value(as_list=False)):
+            return None
+        sample, rate = self.graph.get_node_by_output(condition.input[0]), condition.input[1]
+        if sample is None or sample.type != "RandomUniform":
+            return None
+        value, kept = node.input[1], self.graph.get_node_by_output(node.input[1])
+        if kept is not None and kept.type == "RealDiv":  # value / (1 - rate): 1 at a rate of zero
+            scale = self.graph.get_node_by_output(kept.input[1])
+            scaled_by_rate = scale is not None and scale.type == "Sub" and scale.input[1] == rate \
+                and self.scalar(scale.input[0]) == 1.0
+            if not (scaled_by_rate or self.scalar(kept.input[1]) == 1.0):
+                return None
+            value = kept.input[0]
+        rate_value = self.scalar(rate)
+        if rate_value is None:
+            self.assumed[rate] = 0.0
+        elif rate_value != 0.0:
+            return None
+        return value
 
     def _is_ones(self, tensor: str) -> bool:
         node = self.graph.get_node_by_output(tensor)
@@ -204,9 +239,19 @@ class BodyView:
             tensor = varying[0]
 
     def gate(self, value: str) -> tuple[str, Activation]:
-        """Split a gate value into its pre-activation tensor and the activation applied to it."""
+        """Split a gate value into its pre-activation tensor and the activation applied to it.
+
+        A column block of an activated tensor (TF1's GRU splits ``sigmoid(z)`` into its gates) is the
+        activation of that block of the pre-activation: the pre-activation returned is then a block
+        this view names (``affine`` and ``terms`` read it as a column block of ``z``)."""
         pre, chain = self.activation_chain(value)
         if not chain:
+            block = self._column_block(pre)
+            if block is not None and self.activation_chain(block[0])[1]:
+                source_pre, activation = self.gate(block[0])
+                name = f"{self.resolve(value)}/pre-activation"
+                self._blocks[name] = (source_pre, block[1])
+                return name, activation
             return pre, identify(lambda points: points, value)
         graph, resolved = self.graph, self.resolve(value)
         element_type = helper.tensor_dtype_to_np_dtype(graph.get_dtype(resolved) or TensorProto.FLOAT).name
@@ -214,6 +259,15 @@ class BodyView:
             return pre, identify(lambda points: evaluate(graph, resolved, {pre: points}), value,
                                  tolerance_for(element_type))
         except NoMatch as no_match:
+            # a constant added first belongs to the pre-activation (TF1's forget_bias: sigmoid(f + 1))
+            shorter = chain
+            while shorter and shorter[-1].type in _SUM_OPS and shorter[-1].output[0] != resolved:
+                inner, shorter = shorter[-1].output[0], shorter[:-1]
+                try:
+                    return inner, identify(lambda points: evaluate(graph, resolved, {inner: points}), value,
+                                           tolerance_for(element_type))
+                except NoMatch:
+                    continue
             ops = "(" + ", ".join(node.type for node in reversed(chain)) + ")"
             raise NoMatch(f"activation {ops}: {no_match.reason}", no_match.node) from no_match
 
@@ -279,12 +333,33 @@ class BodyView:
         if node.get_attr_value(form.transpose_b, 0):
             weight = _transposed(weight)
         alpha = float(node.get_attr_value("alpha", 1.0)) if form.scaled else 1.0
-        product = Term(node.output[0], self.unbroadcast(node.input[_FACTOR]),
-                       _transformed(weight, transform + _scale(alpha)))
+        factor = self.unbroadcast(node.input[_FACTOR])
+        parts = self._concatenated(factor) or [(factor, None)]
+        products = [Term(node.output[0], operand, _transformed(_row_block(weight, parts, index),
+                                                               transform + _scale(alpha)))
+                    for index, (operand, _) in enumerate(parts)]
         if not form.scaled or len(node.input) <= _ADDEND or not node.input[_ADDEND]:
-            return [product]
+            return products
         beta = float(node.get_attr_value("beta", 1.0))
-        return [product] + self.terms(node.input[_ADDEND], constant_slots, transform + _scale(beta))
+        return products + self.terms(node.input[_ADDEND], constant_slots, transform + _scale(beta))
+
+    def _concatenated(self, tensor: str) -> Optional[list]:
+        """A factor joined from column blocks (TF1's cells multiply ``concat([x, h])`` by one kernel):
+        [(operand, its column count or None when unknown)], at most one count unknown; else None."""
+        node = self.graph.get_node_by_output(tensor)
+        if node is None or node.type not in ("ConcatV2", "Concat"):
+            return None
+        operands = list(node.input[:-1]) if node.type == "ConcatV2" else list(node.input)
+        try:
+            axis = int(evaluate(self.graph, node.input[-1])) if node.type == "ConcatV2" else node.get_attr_value("axis")
+        except NotEvaluable:
+            return None
+        if len(operands) < 2 or not self._is_last_axis(tensor, axis):
+            return None
+        counts = [_columns(self.graph.get_shape(operand)) for operand in operands]
+        if counts.count(None) > 1:
+            return None
+        return [(self.unbroadcast(operand), count) for operand, count in zip(operands, counts)]
 
     def affine(self, tensors, x_t: str, h_prev: str, constant_slots: frozenset) -> Affine:
         """Decompose ``tensors`` (one tensor, or a list to add up) as ``x_t @ W + h_prev @ R + biases``.
@@ -320,6 +395,8 @@ class BodyView:
 
     def _column_block(self, tensor: str):
         """If ``tensor`` is a block of columns (last axis) of another tensor: (that tensor, selector)."""
+        if tensor in self._blocks:
+            return self._blocks[tensor]
         node = self.producer(tensor)
         if node is None:
             return None
@@ -437,4 +514,28 @@ def _bias_row(source: WeightSource, where: str) -> WeightSource:
 
 def _transposed(source: WeightSource) -> WeightSource:
     return lambda values: np.asarray(source(values)).T
+
+
+def _columns(shape) -> Optional[int]:
+    """The known size of a shape's last axis, else None."""
+    return int(shape[-1]) if shape and shape[-1] is not None and shape[-1] >= 0 else None
+
+
+def _row_block(weight: WeightSource, parts: list, index: int) -> WeightSource:
+    """The rows of ``weight`` that multiply part ``index`` of a factor joined from ``parts`` ((operand,
+    column count or None) each; the unknown count is the rest of the weight's rows)."""
+    if len(parts) == 1:
+        return weight
+
+    def value(values):
+        array = np.asarray(weight(values))
+        counts = [count for _, count in parts]
+        if None in counts:
+            counts[counts.index(None)] = array.shape[0] - sum(c for c in counts if c is not None)
+        start = sum(counts[:index])
+        require(counts[index] >= 0 and sum(counts) == array.shape[0],
+                "a kernel's rows do not fit the columns of the factor it multiplies")
+        return array[start:start + counts[index]]
+
+    return value
 

@@ -6,17 +6,24 @@ i, o, f, c and its activations are (f, g, h) = (ra, a, a).
 """
 from __future__ import annotations
 
+from typing import Optional
+
+import numpy as np
+
 from ..description import BodyMatch, CellKind, GateForm, Skeleton, StateRole, require
-from .body import BodyView
+from .body import BodyView, Term
 from .equations import gate_terms
 
 
 def step(x, states: dict, weights: dict, activations, attributes: dict) -> dict:
-    """ONNX's LSTM step: gates i, o, f, c; activations f, g, h."""
+    """ONNX's LSTM step: gates i, o, f, c; activations f, g, h; peepholes P = [Pi, Po, Pf] on the
+    previous cell state (i, f) and the new one (o)."""
     f, g, h = activations
     i, o, forget, c = (a + b for a, b in zip(*gate_terms(x, states[StateRole.HIDDEN], weights, 4)))
-    cell = f(forget) * states[StateRole.CELL] + f(i) * g(c)
-    return {StateRole.HIDDEN: f(o) * h(cell), StateRole.CELL: cell}
+    previous = states[StateRole.CELL]
+    p_i, p_o, p_f = np.split(weights["P"], 3) if weights.get("P") is not None else (0, 0, 0)
+    cell = f(forget + p_f * previous) * previous + f(i + p_i * previous) * g(c)
+    return {StateRole.HIDDEN: f(o + p_o * cell) * h(cell), StateRole.CELL: cell}
 
 
 KIND = CellKind(keras_name="LSTM", onnx_op="LSTM", scope_hint="lstm", state_roles=(StateRole.HIDDEN, StateRole.CELL),
@@ -36,7 +43,11 @@ def match(view: BodyView, skeleton: Skeleton) -> BodyMatch:
 
     # h_t = ra(o) * a(c_t)
     h_new = view.producer(skeleton.y_t)
+    require(h_new is None or h_new.type != "MatMul",
+            "h_t is projected after o * a(c_t) (TF1's num_proj): ONNX's LSTM has no projection", skeleton.y_t)
     require(h_new is not None and h_new.type == "Mul", "h_t is not a product o * a(c_t)", skeleton.y_t)
+    require(not any(_clips(view, t, c_new) for t in view.operands(h_new)),
+            "the cell state is clipped each step (TF1's cell_clip): ONNX's LSTM has no such clip", h_new.name)
     h_factors = {t: view.gate(t) for t in view.operands(h_new)}
     from_cell = [t for t, (pre, _) in h_factors.items() if pre == c_new]
     require(len(from_cell) == 1 and len(h_factors) == 2,
@@ -62,16 +73,44 @@ def match(view: BodyView, skeleton: Skeleton) -> BodyMatch:
     require(view.gate(output_gate)[1] == gate_activation,
             "the output gate's activation differs from the input and forget gates'", h_new.name)
 
-    def form(gate: str) -> GateForm:
+    def form(gate: str, cell_state: Optional[str] = None) -> GateForm:
+        """The gate's affine form, and its peephole on ``cell_state`` where it adds one."""
         pre, _ = view.gate(gate)
-        affine = view.affine(pre, skeleton.x_t, h_prev, skeleton.constant_slots)
+        terms = view.terms(pre, skeleton.constant_slots)
+        peepholes = [(term, weight) for term, weight in ((t, _peephole(view, t, cell_state, skeleton.constant_slots))
+                                                         for t in terms) if weight is not None]
+        require(len(peepholes) <= 1, "a gate adds the cell state more than once", pre)
+        affine = view.affine_of([t for t in terms if all(t is not p for p, _ in peepholes)], skeleton.x_t, h_prev,
+                                pre)
         require(affine.input_weight is not None, "an LSTM gate has no x_t @ W term", pre)
-        return GateForm(affine.input_weight, affine.recurrent_weight, affine.bias())
+        return GateForm(affine.input_weight, affine.recurrent_weight, affine.bias(),
+                        peephole=peepholes[0][1] if peepholes else None)
 
     return BodyMatch(
         kind=KIND,
-        gates=tuple(form(g) for g in (input_gate, output_gate, forget, candidate)),  # ONNX i, o, f, c
+        # ONNX i, o, f, c; peepholes read the previous cell state for i and f, the new one for o
+        gates=(form(input_gate, c_prev), form(output_gate, c_new), form(forget, c_prev), form(candidate)),
         activations=(gate_activation, factors[candidate][1], output_activation),
         states=((StateRole.HIDDEN, h_slot), (StateRole.CELL, c_slot)),
         input_slot=skeleton.input_slot, output_slot=skeleton.output_slot,
         output_every_step=skeleton.output_every_step)
+
+
+def _peephole(view: BodyView, term: Term, cell_state: Optional[str], constants: frozenset):
+    """The weight of a term ``w * cell_state`` (a peephole: w one value per unit, constant), else None."""
+    if cell_state is None or term.weight is not None:
+        return None
+    node = view.producer(term.tensor)
+    if node is None or node.type != "Mul" or cell_state not in view.operands(node):
+        return None
+    (other,) = [t for t in view.operands(node) if t != cell_state] or [cell_state]
+    weight = view.static_source(other, constants)
+    shape = view.graph.get_shape(other)
+    return weight if weight is not None and shape is not None and len(shape) == 1 else None
+
+
+def _clips(view: BodyView, tensor: str, c_new: str) -> bool:
+    """Whether ``tensor`` is an activation of a cell state the loop carries clipped (the state itself is
+    the result of a Minimum or Maximum with a constant)."""
+    _, chain = view.activation_chain(tensor)
+    return any(node.type in ("Minimum", "Maximum") and node.output[0] == c_new for node in chain)

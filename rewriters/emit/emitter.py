@@ -15,12 +15,12 @@ from tf2onnx.graph_builder import GraphBuilder
 
 from ..description import MaskedOutput, NodeDirection, NoMatch, RecurrentLayer, StateRole
 from .mask_forms import MaskForm, Masks
-from .mask_tensors import MaskTensors
+from .mask_tensors import LengthTensors, MaskTensors
 from .states import MODEL_STATES, StateWiring
 
 
 class Slot(enum.IntEnum):
-    """Input positions of ONNX LSTM / GRU / RNN (LSTM's peephole P is never used)."""
+    """Input positions of ONNX LSTM / GRU / RNN."""
 
     X = 0
     W = 1
@@ -29,6 +29,7 @@ class Slot(enum.IntEnum):
     SEQUENCE_LENS = 4
     INITIAL_H = 5
     INITIAL_C = 6
+    P = 7  # LSTM only: peepholes
 
 
 class Out(enum.IntEnum):
@@ -113,7 +114,13 @@ class Emission:
         self.name = utils.make_name(layer.name.replace("/", "_") + "_" + layer.first.kind.onnx_op)
         self.replacements: list = []
         self.mask = None
-        if layer.mask is not None:
+        if layer.lengths is not None:
+            key = ("lengths", context.current(layer.lengths), context.current(layer.x))
+            if key not in context.mask_tensors:
+                context.mask_tensors[key] = LengthTensors(graph, context.current(layer.lengths),
+                                                          context.current(layer.x), layer.first.dtype)
+            self.mask = context.mask_tensors[key]
+        elif layer.mask is not None:
             key = layer.mask_key or (context.current(layer.mask),)
             if layer.reverse_x:
                 key = ("reversed in time",) + key
@@ -181,9 +188,14 @@ class Emission:
         inputs[Slot.B] = self.stacked_const("B", "B")
         for role in first.kind.state_roles:
             inputs[_STATE_INPUT[role]] = self.initial_state(role)
-        # absent inputs stay "" up to the kind's last state slot: onnxruntime's gradient builders give
-        # the backward node the forward node's inputs by position, so a shorter list misplaces them
-        del inputs[max(_STATE_INPUT[role] for role in first.kind.state_roles) + 1:]
+        peepholes = [pass_.P for pass_ in layer.passes]
+        if any(p is not None for p in peepholes):
+            inputs[Slot.P] = self.graph.make_const(utils.make_name(self.name + "_P"), np.stack(
+                [np.zeros(3 * first.hidden_size) if p is None else p for p in peepholes]).astype(first.dtype)).output[0]
+        else:
+            # absent inputs stay "" up to the kind's last state slot: onnxruntime's gradient builders give
+            # the backward node the forward node's inputs by position, so a shorter list misplaces them
+            del inputs[max(_STATE_INPUT[role] for role in first.kind.state_roles) + 1:]
         count = first.kind.state_count + 1
         directions, hidden = len(layer.passes), first.hidden_size
         shapes = [[-1, directions, -1, hidden]] + [[directions, -1, hidden]] * first.kind.state_count
@@ -197,15 +209,20 @@ class Emission:
     def wire(self, node) -> None:
         for index, pass_ in enumerate(self.layer.passes):
             wiring = pass_.wiring
-            if wiring.sequence_output or wiring.reversed_output or wiring.time_order_output:
+            if wiring.sequence_output or wiring.reversed_output or wiring.time_order_output or \
+                    wiring.batch_major_output:
                 in_node_order = self.sequence(node, index, wiring)
                 # a pass stepping backward through X yields its step-order sequence reversed
                 step_order = self.layer.runs_forward(index)
-                if wiring.sequence_output:
+                if self.layer.lengths is not None and ((wiring.sequence_output or wiring.batch_major_output)
+                                                       and not step_order or wiring.reversed_output and step_order):
+                    # its rows are reversed within their lengths, which reversing time as a whole is not
+                    raise NoMatch("a sequence of a layer masked past each row's length is used reversed in time")
+                if wiring.sequence_output or wiring.batch_major_output:
                     steps = in_node_order if step_order else self.reversed_in_time(in_node_order)
-                    if self.layer.batch_major:
-                        steps = self.graph.make_node("Transpose", [steps], attr={"perm": _BATCH_MAJOR}).output[0]
-                    self.replace(wiring.sequence_output, steps)
+                    transposed = self.graph.make_node("Transpose", [steps], attr={"perm": _BATCH_MAJOR}).output[0]
+                    self.replace(wiring.sequence_output, transposed if self.layer.batch_major else steps)
+                    self.replace(wiring.batch_major_output, transposed)
                 if wiring.reversed_output:
                     reversed_steps = self.reversed_in_time(in_node_order) if step_order else in_node_order
                     batch_major = self.graph.make_node("Transpose", [reversed_steps], attr={"perm": _BATCH_MAJOR})

@@ -56,7 +56,8 @@ class MaskForm:
 
     def describe(self, layer: RecurrentLayer, compacted: bool) -> str:
         """The form ``layer`` (as planned, before :meth:`layers`) took, for the report's mask column."""
-        form = "compacted + sequence_lens" if compacted else "sequence_lens (post-padded assumed)"
+        form = ("sequence_lens: the given lengths" if layer.lengths is not None else
+                "compacted + sequence_lens" if compacted else "sequence_lens (post-padded assumed)")
         return f"{form} ({self.note})" if self.note else form
 
 
@@ -114,7 +115,8 @@ class PortableMask(MaskForm):
         return emission.mask.at_last_kept(emission.per_direction(emission.node_y(node), index, 1))
 
     def describe(self, layer: RecurrentLayer, compacted: bool) -> str:
-        form = ["portable: no sequence_lens", "compacted" if compacted else "post-padded assumed"]
+        form = ["portable: no sequence_lens", "compacted" if compacted else
+                "steps past each row's length masked" if layer.lengths is not None else "post-padded assumed"]
         if layer.direction is NodeDirection.BIDIRECTIONAL:
             form.append("two forward nodes, the backward one over each row's kept steps reversed")
         elif layer.direction is NodeDirection.REVERSE:
@@ -142,9 +144,9 @@ class Masks:
         cell state is used the ``sequence_lens`` form."""
         runs_as_is = layer.direction is NodeDirection.FORWARD or (
             layer.direction is NodeDirection.BIDIRECTIONAL and not self.forward_nodes)
-        if self.form is SEQUENCE_LENS or (layer.mask is None and runs_as_is):
+        if self.form is SEQUENCE_LENS or (not layer.masked and runs_as_is):
             return SEQUENCE_LENS
-        if layer.mask is not None and StateRole.CELL in final_roles:
+        if layer.masked and StateRole.CELL in final_roles:
             return MaskForm("kept for the portable target: the final cell state c is used, and without "
                             "sequence_lens the node gives c only after the last step")
         return self.form
@@ -154,6 +156,7 @@ class Masks:
 
         Always, unless post-padding is assumed; even then a go_backwards pass that runs over
         Keras's reversed input is compacted, since reversing turns post-padding into pre-padding.
+        A layer masked past each row's length (``lengths``) is post-padded by construction.
         """
         reversed_input = layer.direction is NodeDirection.FORWARD and layer.first.direction is Direction.BACKWARD
         return layer.mask is not None and (not self.post_padded or reversed_input)

@@ -33,13 +33,19 @@ class MaskTensors:
     ``source``: at step t, the compacted position of the latest kept step up to t.
     """
 
-    def __init__(self, graph, mask: str, float_type: np.dtype):
+    def __init__(self, graph, mask: Optional[str], float_type: np.dtype):
         self.graph, self.builder = graph, GraphBuilder(graph)
         self.float_type_np = np.dtype(float_type)
         self._cache: dict = {}
-        if len(graph.get_shape(mask) or []) == 3:
+        self._mask = mask
+
+    @_built_once
+    def bool(self) -> str:
+        """[T, B] bool: the mask."""
+        mask = self._mask
+        if len(self.graph.get_shape(mask) or []) == 3:
             mask = self.builder.make_squeeze({"data": mask, "axes": [2]})
-        self.bool = self.op("Cast", [mask], to=TensorProto.BOOL)
+        return self.op("Cast", [mask], to=TensorProto.BOOL)
 
     def op(self, op_type: str, inputs, **attrs) -> str:
         return self.graph.make_node(op_type, inputs, attr=attrs).output[0]
@@ -235,3 +241,32 @@ class MaskTensors:
                                      self.zero])
         spread = self.op("Gather", [flat, self.source_rows], axis=0)
         return self.op("Where", [self.started, spread, self.zero if start is None else start])
+
+
+class LengthTensors(MaskTensors):
+    """The tensors of a mask given as each row's length (TF1's ``sequence_length``): the steps before a
+    row's length kept, those from it on masked. Its counts are the lengths themselves, and the mask is
+    built only where a form asks for it."""
+
+    def __init__(self, graph, lengths: str, x: str, float_type: np.dtype):
+        super().__init__(graph, None, float_type)
+        self._lengths, self._x = lengths, x
+
+    @_built_once
+    def time_and_batch(self):
+        return (self.op("Gather", [self.op("Shape", [self._x]), self.const(0)], axis=0),
+                self.op("Gather", [self.op("Shape", [self._lengths]), self.const(0)], axis=0))
+
+    @_built_once
+    def counts(self) -> str:
+        return self.op("Cast", [self._lengths], to=TensorProto.INT64)
+
+    @_built_once
+    def lengths(self) -> str:
+        return self.op("Cast", [self._lengths], to=TensorProto.INT32)
+
+    @_built_once
+    def bool(self) -> str:
+        """[T, B] bool: step t is kept in a row when t < its length."""
+        lengths = self.builder.make_unsqueeze({"data": self.counts, "axes": [0]})
+        return self.op("Less", [self.steps, lengths])

@@ -7,12 +7,9 @@ direction or forward as the conversion's mask form says.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Optional
-
-import numpy as np
 
 from ..description import Direction, NodeDirection, Pass, RecurrentLayer
-from ..readers.adapt import constant_list, one_step
+from ..readers.adapt import one_step, tensor_key
 from .mask_forms import Masks
 
 
@@ -53,8 +50,8 @@ def _shared_scopes(a: str, b: str) -> int:
 def _bidirectional(graph, a: Pass, b: Pass) -> RecurrentLayer:
     forward, backward = _halves(graph, a, b)
     return RecurrentLayer(x=forward.wiring.x, direction=NodeDirection.BIDIRECTIONAL, passes=(forward, backward),
-                          mask=forward.wiring.mask, mask_key=_tensor_key(graph, forward.wiring.mask),
-                          batch_major=forward.wiring.batch_major)
+                          mask=forward.wiring.mask, mask_key=tensor_key(graph, forward.wiring.mask),
+                          lengths=forward.wiring.lengths, batch_major=forward.wiring.batch_major)
 
 
 def _single(graph, pass_: Pass, masks: Masks) -> RecurrentLayer:
@@ -63,24 +60,16 @@ def _single(graph, pass_: Pass, masks: Masks) -> RecurrentLayer:
     wiring = pass_.wiring
     if masks.runs_reverse(pass_):
         return RecurrentLayer(x=wiring.x_unreversed, direction=NodeDirection.REVERSE, passes=(pass_,),
-                              mask=wiring.mask_unreversed, mask_key=_tensor_key(graph, wiring.mask_unreversed),
-                              batch_major=wiring.batch_major)
+                              mask=wiring.mask_unreversed, mask_key=tensor_key(graph, wiring.mask_unreversed),
+                              lengths=wiring.lengths, batch_major=wiring.batch_major)
     return RecurrentLayer(x=wiring.x, direction=NodeDirection.FORWARD, passes=(pass_,), mask=wiring.mask,
-                          mask_key=_tensor_key(graph, wiring.mask), reverse_x=wiring.reverse_x,
-                          batch_major=wiring.batch_major)
+                          mask_key=tensor_key(graph, wiring.mask), lengths=wiring.lengths,
+                          reverse_x=wiring.reverse_x, batch_major=wiring.batch_major)
 
 
 def _backward_half(loop_name: str) -> bool:
     """Whether a loop runs in a Bidirectional's backward layer, which Keras names backward_<layer>."""
     return any(scope.startswith("backward_") for scope in loop_name.split("/"))
-
-
-def _reverses_nothing(graph, node) -> bool:
-    """A reversal along axes of static length one: the identity (whether or not TensorFlow dropped it)."""
-    if node.type not in ("ReverseV2", "Reverse"):
-        return False
-    shape, axes = graph.get_shape(node.input[0]), constant_list(graph, node.input[1])
-    return bool(shape) and axes is not None and all(shape[axis] == 1 for axis in axes)
 
 
 def _halves(graph, a: Pass, b: Pass):
@@ -115,30 +104,7 @@ def _can_pair(graph, a: Pass, b: Pass) -> bool:
         (b.kind, b.hidden_size, b.input_size, b.dtype, b.attributes, b.wiring.batch_major)
     same_states = {r for r, _ in a.wiring.initial_states} == {r for r, _ in b.wiring.initial_states}
     same_mask = ((forward.wiring.mask is None) == (backward.wiring.mask is None)
-                 and _tensor_key(graph, forward.wiring.mask) == _tensor_key(graph, backward.wiring.mask_unreversed))
+                 and tensor_key(graph, forward.wiring.mask) == tensor_key(graph, backward.wiring.mask_unreversed)
+                 and tensor_key(graph, forward.wiring.lengths) == tensor_key(graph, backward.wiring.lengths))
     return (same_shape and same_states and same_mask
-            and _tensor_key(graph, forward.wiring.x) == _tensor_key(graph, backward.wiring.x_unreversed))
-
-
-_PURE_OPS = frozenset({"Transpose", "ExpandDims", "Squeeze", "Reshape", "Cast", "Identity", "ReverseV2",
-                       "NotEqual", "Equal", "Any", "All", "LogicalAnd", "LogicalNot", "StridedSlice"})
-
-
-def _tensor_key(graph, tensor: Optional[str], depth: int = 8):
-    """Equal for tensors equal by construction: the same tensor, or the same pure ops
-    (transposes, reshapes, casts...) applied to the same inputs and constants."""
-    if tensor is None:
-        return None
-    node = graph.get_node_by_output(tensor)
-    if node is None or depth == 0:
-        return (tensor,)
-    if node.is_const():
-        value = np.asarray(node.get_tensor_value(as_list=False))
-        return ("Const", str(value.dtype), value.shape, value.tobytes())
-    if node.type not in _PURE_OPS:
-        return (tensor,)
-    if _reverses_nothing(graph, node):
-        return _tensor_key(graph, node.input[0], depth - 1)
-    attrs = tuple(sorted((key, repr(node.get_attr_value(key))) for key in node.attr if not key.startswith("_")))
-    index = list(node.output).index(tensor) if tensor in node.output else 0
-    return (node.type, index, attrs, tuple(_tensor_key(graph, t, depth - 1) for t in node.input))
+            and tensor_key(graph, forward.wiring.x) == tensor_key(graph, backward.wiring.x_unreversed))

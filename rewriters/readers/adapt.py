@@ -14,7 +14,7 @@ from typing import Optional
 import numpy as np
 
 from ..cells.evaluate import NotEvaluable, evaluate
-from ..description import BodyMatch, Direction, Masking, NoMatch, Pass, Wiring, require
+from ..description import BodyMatch, Direction, MaskedOutput, Masking, NoMatch, Pass, Wiring, require
 
 
 # -- pieces every reader's pass is built from ---------------------------------------------------
@@ -75,33 +75,111 @@ def gate_weights(match: BodyMatch, values, where: str) -> dict:
         part = zeros_b if part is None else np.broadcast_to(part, (hidden,))
         return part.astype(dtype)
 
+    try:
+        peepholes = [None if g.peephole is None else np.asarray(g.peephole(values)) for g in match.gates[:3]]
+    except NotEvaluable as error:
+        raise NoMatch(f"cannot read a peephole weight: {error.reason}", error.node_name) from error
+    require(all(p is None or p.shape == (hidden,) for p in peepholes), "a peephole weight is not one per unit", where)
     return dict(
         hidden_size=hidden, input_size=input_size, dtype=dtype,
         W=np.concatenate([k.T for k in kernels]).astype(dtype),
         R=np.concatenate([r.T for r in recurrents]).astype(dtype),
-        B=np.concatenate([bias(b) for b in input_biases] + [bias(b) for b in recurrent_biases]))
+        B=np.concatenate([bias(b) for b in input_biases] + [bias(b) for b in recurrent_biases]),
+        P=np.concatenate([bias(p) for p in peepholes]) if any(p is not None for p in peepholes) else None)
 
 
 # -- a while-loop's pass ---------------------------------------------------------------------------
 def build_pass(graph, loop, match: BodyMatch, name: str, others: frozenset = frozenset()) -> Pass:
     """Read weights, input, outputs and initial states of ``loop`` into a pass description.
     ``others``: loop slots that belong to other cells of the same loop (a stack), left to them."""
+    check_assumed(match, slot_values(graph, loop), loop.name)
     x, x_unreversed = _list_source(graph, loop, match.input_slot, "input sequence")
+    masks = _loop_mask_wiring(graph, loop, match, Direction.FORWARD if x_unreversed is None else Direction.BACKWARD)
+    if not masks.get("mask"):  # a Keras mask is reversed with the input; TF1 reverses rows within lengths
+        x_unreversed = per_row_reversal(graph, x, x_unreversed, masks.get("lengths"), loop.name)
     direction = Direction.FORWARD if x_unreversed is None else Direction.BACKWARD
-    outputs = _outputs(graph, loop, match, others)
+    outputs = _outputs(graph, loop, match, others, masks.get("lengths"))
     starts = {slot: loop.input[slot] for _, slot in match.states}
     return Pass(loop=loop.name, name=name, kind=match.kind, direction=direction,
                 activations=match.activations, attributes=match.attributes, note=match.note,
                 wiring=Wiring(x=x, x_unreversed=x_unreversed, **initial_states(graph, match, starts),
-                              **outputs, **_loop_mask_wiring(graph, loop, match, direction)),
+                              **outputs, **masks),
                 **gate_weights(match, slot_values(graph, loop), loop.name))
+
+
+def check_assumed(match: BodyMatch, values, where: str) -> None:
+    """What reading the body assumed of a tensor must hold (``values(slot)`` gives a loop input's
+    value): a dropout's rate must be a constant zero (inference)."""
+    for tensor, source, value in match.assumed:
+        require(source is not None, "a dropout's rate varies from step to step (it is zero at inference only)",
+                tensor)
+        try:
+            actual = np.asarray(source(values))
+        except NotEvaluable as error:
+            raise NoMatch(f"a dropout's rate is not a constant (it is zero at inference only): {error.reason}",
+                          error.node_name) from error
+        require(bool(np.all(actual == value)), f"a dropout's rate is {actual.reshape(-1)[0]:g}, not {value:g}",
+                where)
+
+
+def per_row_reversal(graph, x: str, x_unreversed: Optional[str], lengths: Optional[str], where: str) -> Optional[str]:
+    """A time-major input reversed per row, as TF1's ``bidirectional_dynamic_rnn`` gives its backward
+    layer: ``Transpose(ReverseSequence(x, lengths), [1, 0, 2])`` of a batch-major ``x`` (or
+    ``ReverseV2(x, axis=1)`` without lengths). Returns the time-major input unreversed (``x``
+    transposed as the forward layer transposes it), or ``x_unreversed`` when there is no such reversal.
+    A row reversed within its length is a backward pass only of a loop that stops at that length."""
+    transpose = graph.get_node_by_output(x)
+    if x_unreversed is not None or transpose is None or not _transposes_time(graph, transpose):
+        return x_unreversed
+    reversal = graph.get_node_by_output(transpose.input[0])
+    if reversal is None:
+        return None
+    if _reverses(graph, reversal, [1]):
+        return time_major(graph, reversal.input[0])
+    if reversal.type != "ReverseSequence":
+        return None
+    require(reversal.get_attr_value("seq_dim") == 1 and reversal.get_attr_value("batch_dim", 0) == 0,
+            "the input is reversed along axes other than time within a batch-major row", where)
+    require(lengths is not None and tensor_key(graph, reversal.input[1]) == tensor_key(graph, lengths),
+            "the input is reversed within lengths the loop does not stop at", where)
+    return time_major(graph, reversal.input[0])
+
+
+def time_major(graph, batch_major: str) -> str:
+    """``batch_major`` [B, T, ...] transposed to [T, B, ...]: the graph's own Transpose where it has
+    one (so that two layers over the same input read one tensor), else a new one."""
+    for consumer in graph.find_output_consumers(batch_major):
+        if _transposes_time(graph, consumer) and consumer.input[0] == batch_major:
+            return consumer.output[0]
+    return graph.make_node("Transpose", [batch_major], attr={"perm": [1, 0, 2]}).output[0]
 
 
 def _loop_mask_wiring(graph, loop, match: BodyMatch, direction: Direction) -> dict:
     masking = match.masking
     if masking is None:
         return {}
+    if masking.lengths is not None:
+        require(masking.lengths_slot is not None and masking.zeros_slot is not None,
+                "the lengths or the zeros past them are not loop constants", loop.name)
+        return lengths_wiring(graph, loop.input[masking.lengths_slot], loop.input[masking.zeros_slot], loop.name)
     return loop_mask(graph, loop, masking, *_list_source(graph, loop, masking.mask_slot, "mask"), direction)
+
+
+def lengths_wiring(graph, lengths: str, zeros: str, where: str) -> dict:
+    """The Wiring fields of a pass masked past each row's length (TF1's ``sequence_length``), whose
+    output there is ``zeros`` (which must be zero)."""
+    require(is_zero(graph, zeros), "the output past a row's length is not zeros", where)
+    require(len(graph.get_shape(lengths) or [None]) == 1, "the lengths are not one per row", where)
+    return dict(lengths=lengths, mask_source=f"sequence_length {_source_name(graph, lengths)}",
+                masked_output=MaskedOutput.ZERO)
+
+
+def _source_name(graph, tensor: str) -> str:
+    """The graph input (or else the tensor) a tensor is taken from through Identity and Cast nodes."""
+    node = graph.get_node_by_output(tensor)
+    while node is not None and node.type in ("Identity", "Cast") and node.input:
+        tensor, node = node.input[0], graph.get_node_by_output(node.input[0])
+    return tensor.split(":")[0]
 
 
 def loop_mask(graph, loop, masking, mask: str, mask_unreversed: Optional[str], direction: Direction) -> dict:
@@ -168,8 +246,9 @@ def _list_source(graph, loop, slot: int, what: str):
     return x, None
 
 
-def _outputs(graph, loop, match: BodyMatch, others: frozenset = frozenset()) -> dict:
-    """Which tensors of the outer graph the layer's outputs replace (none of the ``others`` slots)."""
+def _outputs(graph, loop, match: BodyMatch, others: frozenset = frozenset(), lengths: Optional[str] = None) -> dict:
+    """Which tensors of the outer graph the layer's outputs replace (none of the ``others`` slots);
+    ``lengths``: the lengths the loop stops at, within which a sequence may be reversed per row."""
     state_slots = dict((slot, role) for role, slot in match.states)
     sequence, reversed_, last, states = [], [], [], []
     for slot, tensor in enumerate(loop.output):
@@ -181,8 +260,10 @@ def _outputs(graph, loop, match: BodyMatch, others: frozenset = frozenset()) -> 
                     "the output TensorList is used other than by TensorListStack", loop.name)
             stacked = [c.output[0] for c in consumers]
             if match.output_every_step:
-                found = reversals(graph, stacked)
+                found = reversals(graph, stacked, lengths)
                 if found is None:
+                    require(lengths is None or not _reversed_per_row(graph, stacked),
+                            "the output is reversed within lengths the loop does not stop at", loop.name)
                     sequence.extend(stacked)
                 else:
                     reversed_.extend(found)
@@ -223,27 +304,48 @@ def _require_single_element_list(graph, loop, slot: int) -> None:
 
 
 # -- facts about tensors of the outer graph ----------------------------------------------------------
-def reversals(graph, stacked: list):
+def reversals(graph, stacked: list, lengths: Optional[str] = None):
     """Where Keras reverses a sequence in time (Bidirectional does to its backward layer):
     ``ReverseV2(Transpose(stack, [1, 0, 2]), axis=1)``, or the TFLite converter's
-    ``Transpose(ReverseV2(stack, axis=0), [1, 0, 2])``. Returns those [B, T, H] tensors when every
-    use of the sequence goes through one, else None."""
+    ``Transpose(ReverseV2(stack, axis=0), [1, 0, 2])``; with ``lengths``, TF1's
+    ``ReverseSequence(Transpose(stack, [1, 0, 2]), lengths)`` (each row within its length). Returns
+    those [B, T, H] tensors when every use of the sequence goes through one, else None."""
     found = []
     for tensor in stacked:
         for first in graph.find_output_consumers(tensor):
-            second_type, second_axes = (("ReverseV2", "Reverse"), [1]) if first.type == "Transpose" \
-                else (("Transpose",), [1, 0, 2])
             if not (_transposes_time(graph, first) or _reverses(graph, first, [0])):
                 return None
             for second in graph.find_output_consumers(first.output[0]):
+                if first.type == "Transpose" and _reverses_rows(graph, second, lengths):
+                    found.append(second.output[0])
+                    continue
+                second_type, second_axes = (("ReverseV2", "Reverse"), [1]) if first.type == "Transpose" \
+                    else (("Transpose",), [1, 0, 2])
                 if second.type not in second_type or constant_list(graph, second.input[1]) != second_axes:
                     return None
                 found.append(second.output[0])
     return found or None
 
 
+def _reverses_rows(graph, node, lengths: Optional[str]) -> bool:
+    """Whether ``node`` reverses each row of a batch-major sequence within ``lengths``."""
+    return (lengths is not None and node.type == "ReverseSequence" and node.get_attr_value("seq_dim") == 1
+            and node.get_attr_value("batch_dim", 0) == 0
+            and tensor_key(graph, node.input[1]) == tensor_key(graph, lengths))
+
+
+def _reversed_per_row(graph, stacked: list) -> bool:
+    """Whether a use of the sequence reverses its rows (within lengths other than the loop's)."""
+    return any(second.type == "ReverseSequence" for tensor in stacked for first in graph.find_output_consumers(tensor)
+               for second in graph.find_output_consumers(first.output[0]))
+
+
 def _transposes_time(graph, node) -> bool:
-    return node.type == "Transpose" and constant_list(graph, node.input[1]) == [1, 0, 2]
+    """A Transpose swapping the first two of three axes (TensorFlow's, or one this package made)."""
+    if node.type != "Transpose":
+        return False
+    perm = constant_list(graph, node.input[1]) if len(node.input) > 1 else node.get_attr_value("perm")
+    return list(perm or []) == [1, 0, 2]
 
 
 def _reverses(graph, node, axes: list) -> bool:
@@ -289,3 +391,35 @@ def is_zero(graph, tensor: str) -> bool:
     if node.is_const():
         return not np.any(node.get_tensor_value(as_list=False))
     return False
+
+
+def reverses_nothing(graph, node) -> bool:
+    """A reversal along axes of static length one: the identity (whether or not TensorFlow dropped it)."""
+    if node.type not in ("ReverseV2", "Reverse"):
+        return False
+    shape, axes = graph.get_shape(node.input[0]), constant_list(graph, node.input[1])
+    return bool(shape) and axes is not None and all(shape[axis] == 1 for axis in axes)
+
+
+_PURE_OPS = frozenset({"Transpose", "ExpandDims", "Squeeze", "Reshape", "Cast", "Identity", "ReverseV2",
+                       "NotEqual", "Equal", "Any", "All", "LogicalAnd", "LogicalNot", "StridedSlice"})
+
+
+def tensor_key(graph, tensor: Optional[str], depth: int = 8):
+    """Equal for tensors equal by construction: the same tensor, or the same pure ops
+    (transposes, reshapes, casts...) applied to the same inputs and constants."""
+    if tensor is None:
+        return None
+    node = graph.get_node_by_output(tensor)
+    if node is None or depth == 0:
+        return (tensor,)
+    if node.is_const():
+        value = np.asarray(node.get_tensor_value(as_list=False))
+        return ("Const", str(value.dtype), value.shape, value.tobytes())
+    if node.type not in _PURE_OPS:
+        return (tensor,)
+    if reverses_nothing(graph, node):
+        return tensor_key(graph, node.input[0], depth - 1)
+    attrs = tuple(sorted((key, repr(node.get_attr_value(key))) for key in node.attr if not key.startswith("_")))
+    index = list(node.output).index(tensor) if tensor in node.output else 0
+    return (node.type, index, attrs, tuple(tensor_key(graph, t, depth - 1) for t in node.input))

@@ -16,7 +16,7 @@ import numpy as np
 from onnx import TensorProto
 
 from ..cells.evaluate import NotEvaluable, evaluate
-from .adapt import is_constant
+from .adapt import is_constant, time_major
 
 NO_STEP = -1  # the label of what depends on no step's input (weights, initial states)
 # ops that carry a state into the next step's pre-activations without reading the step's input (a Mul
@@ -44,24 +44,33 @@ class Chain:
 
 
 def find_chains(graph) -> list:
-    """Every float ``Unpack`` along axis 0 of a rank-3 tensor whose steps each feed a product:
-    the candidates a recurrent layer's unrolling leaves. Whether a candidate is recurrent at all
-    is :func:`is_recurrent`'s question."""
+    """Every float ``Unpack`` along the time axis of a rank-3 tensor whose steps each feed a product
+    (directly, or joined with the state first, as TF1's cells do): the candidates a recurrent
+    layer's unrolling leaves. Keras unstacks a time-major input (axis 0); a TF1 ``static_rnn`` is
+    given the steps of a batch-major one (axis 1), which the chain reads transposed. Whether a
+    candidate is recurrent at all is :func:`is_recurrent`'s question."""
     chains = []
-    unpacks = [n for n in graph.get_nodes() if n.type == "Unpack" and int(n.get_attr_value("axis", 0)) == 0]
+    unpacks = [n for n in graph.get_nodes() if n.type == "Unpack" and int(n.get_attr_value("axis", 0)) in (0, 1)]
     for node in unpacks:
         shape = graph.get_shape(node.input[0]) or []
         if len(shape) != 3 or graph.get_dtype(node.output[0]) == TensorProto.BOOL:
             continue
-        if not all(any(c.type in _PRODUCTS for c in graph.find_output_consumers(t))
-                   for t in node.output):
+        if not all(_feeds_a_product(graph, t) for t in node.output):
             continue
         outputs = tuple(node.output)
         backward = len(outputs) > 1 and len(descendants(graph, [outputs[-1]])) > len(descendants(graph, [outputs[0]]))
         steps = tuple(reversed(outputs)) if backward else outputs
-        chain = Chain(unpack=node.name, x=node.input[0], steps=steps, backward=backward)
-        chains.append(_with_mask(graph, chain, unpacks))
+        x = node.input[0] if int(node.get_attr_value("axis", 0)) == 0 else time_major(graph, node.input[0])
+        chain = Chain(unpack=node.name, x=x, steps=steps, backward=backward)
+        chains.append(_with_mask(graph, chain, [n for n in unpacks if int(n.get_attr_value("axis", 0)) == 0]))
     return chains
+
+
+def _feeds_a_product(graph, tensor: str) -> bool:
+    consumers = graph.find_output_consumers(tensor)
+    return any(c.type in _PRODUCTS for c in consumers) or any(
+        c.type in ("ConcatV2", "Concat") and any(p.type in _PRODUCTS for p in graph.find_output_consumers(c.output[0]))
+        for c in consumers)
 
 
 def _with_mask(graph, chain: Chain, unpacks: list) -> Chain:

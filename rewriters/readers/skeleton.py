@@ -9,6 +9,7 @@ and unmasked bodies alike.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Optional
 
 from onnx import TensorProto
 
@@ -42,7 +43,7 @@ def read_skeleton(view: BodyView) -> Skeleton:
     return Skeleton(input_slot=input_slot, output_slot=output_slot,
                     output_every_step=every_step, mask_slot=mask_slot, x_t=x_t, mask_t=mask_t,
                     y_t=view.resolve(write.input[2]), state_inputs=state_inputs,
-                    state_outputs=state_outputs, constant_slots=frozenset(constant))
+                    state_outputs=state_outputs, constant_slots=frozenset(constant), time_input=time_input)
 
 
 def time_index(view: BodyView, indices, where: str) -> tuple:
@@ -147,3 +148,54 @@ def _mask_root(view: BodyView, tensor: str) -> str:
         tensor = view.resolve(node.input[0])
         node = view.producer(tensor)
     return view.resolve(tensor)
+
+
+_SELECTS = ("Select", "SelectV2")
+
+
+def unmask_lengths(view: BodyView, skeleton: Skeleton) -> tuple[Skeleton, Optional[Masking]]:
+    """Read a TF1 loop given a ``sequence_length``, and return the skeleton without its masking.
+
+    From each row's length on, such a loop keeps its states and outputs zeros: every state is
+    ``Select(t >= length, old, new)`` and the output ``Select(t >= length, zeros, new)``, one condition
+    for all (TF1's ``dynamic_rnn``). ONNX's ``sequence_lens`` computes the same. A loop whose states
+    are not selected is not masked so: (skeleton, None).
+    """
+    selected = {slot: _select(view, out) for slot, out in skeleton.state_outputs.items()}
+    lengths = {_lengths_of(view, select[0], skeleton.time_input) if select else None for select in selected.values()}
+    if lengths == {None}:  # no state selected against a length: not masked so (the matchers read the rest)
+        return skeleton, None
+    require(None not in lengths and len(lengths) == 1,
+            "the loop's states are not all selected against one length per row", skeleton.y_t)
+    (lengths,) = lengths
+    (condition,) = {select[0] for select in selected.values()}
+    for slot, (_, old, _) in selected.items():
+        require(old == skeleton.state_inputs[slot], "a step past a row's length changes a state", old)
+    output = _select(view, skeleton.y_t)
+    require(output is not None and output[0] == condition,
+            "the output past a row's length is not selected like the states", skeleton.y_t)
+    _, zeros, new_output = output
+    zeros_slot = view.slot_of(zeros)
+    require(zeros_slot is None or zeros_slot in skeleton.constant_slots,
+            "the output past a row's length is not a loop constant", zeros)
+    unmasked = replace(skeleton, y_t=new_output,
+                       state_outputs={slot: new for slot, (_, _, new) in selected.items()})
+    return unmasked, Masking(mask_slot=None, output=MaskedOutput.ZERO, output_slot=None, zeros_slot=zeros_slot,
+                             lengths=lengths, lengths_slot=view.slot_of(lengths), zeros=zeros)
+
+
+def _select(view: BodyView, tensor: str) -> Optional[tuple]:
+    """(condition, then, else) of a select making ``tensor``, else None."""
+    node = view.producer(tensor)
+    if node is None or node.type not in _SELECTS:
+        return None
+    return tuple(view.operands(node))
+
+
+def _lengths_of(view: BodyView, condition: str, time_input: str) -> Optional[str]:
+    """The lengths a ``t >= length`` condition compares the loop's time index with, else None."""
+    node = view.producer(condition)
+    if node is None or node.type != "GreaterEqual" or not time_input:
+        return None
+    time, lengths = view.operands(node)
+    return lengths if time == view.resolve(time_input) else None

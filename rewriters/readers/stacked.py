@@ -54,26 +54,35 @@ def _next_cell(view: BodyView, skeleton: Skeleton, remaining: dict, x_t: str, ma
     return None
 
 
-def stack_passes(graph, loop, stack: StackMatch, name: str) -> list:
+def stack_passes(graph, loop, stack: StackMatch, name: str, build: Callable = build_pass) -> list:
     """One pass per cell, bottom first. The bottom cell reads the loop's input (reversed for
     go_backwards); every other cell reads the step-ordered output of the cell below; only the top
     cell's outputs are the loop's, and every cell's final states are its own. A masked stack's
-    cells all skip the masked steps (what a cell below outputs there, no cell above reads)."""
+    cells all skip the masked steps (what a cell below outputs there, no cell above reads). A
+    backward stack over an input reversed within each row's length (TF1's) reverses every cell the
+    same way: each cell is a backward pass over the time-ordered output of the cell below, since
+    reversing a row twice within its length is the identity. ``build(graph, loop, cell, name, others)``
+    reads one cell's pass (:func:`.adapt.build_pass` for a while-loop)."""
     state_slots = {slot for cell in stack.cells for _, slot in cell.states}
     output_slot = stack.cells[-1].output_slot
     passes, below = [], None
     count = len(stack.cells)
+    per_row = False  # a backward stack reversed within each row's length: every cell runs backward
     for index, cell in enumerate(stack.cells):
         top = index == count - 1
         own = {slot for _, slot in cell.states}
         others = frozenset(state_slots - own) | (frozenset() if top else {output_slot})
-        pass_ = build_pass(graph, loop, cell, name, others)
+        pass_ = build(graph, loop, cell, name, others)
+        per_row = per_row or (index == 0 and pass_.direction is Direction.BACKWARD and pass_.wiring.lengths is not None)
         wiring = pass_.wiring
-        if below is not None:  # the cell below's output and the mask, both in step order
+        if below is not None and per_row:  # the cell below's output in time order, each row to reverse again
+            wiring = replace(wiring, x=below, x_unreversed=below)
+        elif below is not None:  # the cell below's output and the mask, both in step order
             wiring = replace(wiring, x=below, x_unreversed=None, mask_unreversed=None)
         below = None if top else f"{loop.name}/stacked_cell_{index}_sequence"
         if below is not None:
-            wiring = replace(wiring, sequence_output=(below,))
-        passes.append(replace(pass_, wiring=wiring, stack=(index, count),
-                              direction=pass_.direction if index == 0 else Direction.FORWARD))
+            wiring = replace(wiring, sequence_output=(), time_order_output=(below,)) if per_row else \
+                replace(wiring, sequence_output=(below,))
+        direction = pass_.direction if index == 0 or per_row else Direction.FORWARD
+        passes.append(replace(pass_, wiring=wiring, stack=(index, count), direction=direction))
     return passes

@@ -106,7 +106,7 @@ def kind_of(onnx_op: str) -> CellKind:
     """The cell family whose node is ``onnx_op``."""
     from .. import cell_kinds
 
-    found = [kind for kind in cell_kinds() if kind.onnx_op == onnx_op]
+    found = [kind for kind in cell_kinds() if kind.onnx_op == onnx_op and not kind.form_of]
     require(len(found) == 1, f"no cell family becomes ONNX's {onnx_op}")
     return found[0]
 

@@ -38,6 +38,7 @@ class StepView(BodyView):
         self._slot_of_input = {tensor: slot for slot, tensor in enumerate(state_inputs)}
         for tensor in varying:
             self._slot_of_input.setdefault(tensor, _VARYING)
+        self._blocks, self.assumed = {}, {}
 
 
 @dataclass(frozen=True)
@@ -247,7 +248,7 @@ def _outputs(graph, chain: Chain, reading: ChainReading) -> dict:
                 require(tensor in reading.outputs, "a value inside an unrolled step is used outside the layer", tensor)
                 for consumer in outside:
                     require(consumer.type in STACKS and list(consumer.input) == list(reading.outputs)
-                            and int(consumer.get_attr_value("axis", 0)) == 0,
+                            and int(consumer.get_attr_value("axis", 0)) in (0, 1),
                             "an unrolled step's output is used other than stacked with the others", consumer.name)
     stacked = _stacked_outputs(graph, reading)
     require_not_graph_outputs(graph, [t for found in stacked.values() for t in found] + last_step
@@ -257,11 +258,14 @@ def _outputs(graph, chain: Chain, reading: ChainReading) -> dict:
 
 def _stacked_outputs(graph, reading: ChainReading) -> dict:
     """Stacks of all the steps' outputs (return_sequences; a Bidirectional's backward half reversed
-    in time) or of the last one only."""
+    in time; stacked batch-major) or of the last one only."""
     outputs, last = list(reading.outputs), reading.outputs[-1]
-    sequence, reversed_, last_stacked = [], [], []
+    sequence, reversed_, last_stacked, batch_major = [], [], [], []
     for consumer in {c.name: c for t in outputs for c in graph.find_output_consumers(t)
                      if c.type in STACKS and c.name not in reading.nodes}.values():
+        if int(consumer.get_attr_value("axis", 0)) == 1 and list(consumer.input) == outputs:
+            batch_major.append(consumer.output[0])  # [B, T, H]: a TF1 static_rnn's caller stacks its list so
+            continue
         if int(consumer.get_attr_value("axis", 0)) != 0:
             continue
         if list(consumer.input) == outputs:
@@ -269,4 +273,5 @@ def _stacked_outputs(graph, reading: ChainReading) -> dict:
             (reversed_ if found else sequence).extend(found or [consumer.output[0]])
         elif list(consumer.input) == [last]:
             last_stacked.append(consumer.output[0])
-    return dict(sequence_output=tuple(sequence), reversed_output=tuple(reversed_), last_output=tuple(last_stacked))
+    return dict(sequence_output=tuple(sequence), reversed_output=tuple(reversed_), last_output=tuple(last_stacked),
+                batch_major_output=tuple(batch_major))
