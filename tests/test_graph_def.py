@@ -3,9 +3,11 @@
 
 A Keras model frozen with ``convert_variables_to_constants_v2(..., lower_control_flow=False)`` keeps
 its layers' while-loops functional: it converts fused and exact, as its SavedModel does, in both
-Keras flavors. Frozen with the default lowering, its TensorList loops cannot be converted by
-tf2onnx: refused in one line. Verifying runs the graph, so a graph holding ops that reach outside
-TensorFlow is verified only with ``safe_mode=False``; converting never runs it.
+Keras flavors. Frozen with the default lowering, its loops are TF1 control flow over TensorLists:
+they fuse too, and one that cannot (tf2onnx has no other ONNX form of it) is refused in one line.
+TF 1.x graphs (``dynamic_rnn`` and its kin) are tests/test_tf1_graphs.py's. Verifying runs the graph,
+so a graph holding ops that reach outside TensorFlow is verified only with ``safe_mode=False``;
+converting never runs it.
 """
 from __future__ import annotations
 
@@ -67,10 +69,38 @@ def test_inputs_take_shapes_and_names_without_their_index():
     assert dims == [2, 7, FEATURES]
 
 
-def test_a_graph_frozen_with_its_loops_lowered_is_refused_with_the_way_out():
-    _, path, inputs, outputs = frozen_keras(parity.FLAVORS[0], lowered=True)
-    with pytest.raises(ConversionError, match="lower_control_flow=False"):
-        convert_graph_def(path, inputs=inputs, outputs=outputs)
+@pytest.mark.parametrize("flavor", parity.FLAVORS)
+def test_a_graph_frozen_with_its_loops_lowered_fuses_exactly(flavor):
+    """Frozen the way most guides show (``lower_control_flow=True``, the default), the layers' loops are TF1
+    control flow over TensorLists; read as they are, they fuse as the functional ones do."""
+    model, path, inputs, outputs = frozen_keras(flavor, lowered=True)
+    proto = convert_graph_def(path, inputs=inputs, outputs=outputs)
+    assert not helpers.nodes_of_types(proto, helpers.LOOP_OPS), helpers.op_counts(proto)
+    assert sorted(o.became for o in report_of(proto).outcomes) == ["GRU", "GRU", "LSTM"]
+    session = helpers.ort_session(proto)
+    for batch, steps in ((3, 6), (1, 2)):
+        x = np.random.default_rng(batch).standard_normal((batch, steps, FEATURES)).astype(np.float32)
+        (actual,) = session.run(None, {session.get_inputs()[0].name: x})
+        np.testing.assert_allclose(actual, np.asarray(model(x, training=False)), atol=1e-5, rtol=0)
+
+
+def test_a_lowered_loop_that_stays_a_loop_is_refused_with_the_way_out(tmp_path):
+    """A lowered loop has no ONNX form but a fused node (tf2onnx's Loop of it carries TensorLists
+    onnxruntime cannot load): one that cannot be fused (selu) is refused naming it, with how to freeze."""
+    import tensorflow as tf
+    from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
+
+    K = parity.keras_module(parity.FLAVORS[0])
+    x = K.Input((None, FEATURES), name="x")
+    model = K.Model(x, K.layers.SimpleRNN(UNITS, activation="selu", name="selu_rnn")(x))
+    function = tf.function(lambda x: model(x, training=False)).get_concrete_function(
+        tf.TensorSpec([None, None, FEATURES], tf.float32, name="x"))
+    frozen = convert_variables_to_constants_v2(function)
+    path = str(tmp_path / "lowered_selu.pb")
+    with open(path, "wb") as stream:
+        stream.write(frozen.graph.as_graph_def().SerializeToString())
+    with pytest.raises(ConversionError, match=r"selu_rnn.*lower_control_flow=False"):
+        convert_graph_def(path, inputs=[t.name for t in frozen.inputs], outputs=[t.name for t in frozen.outputs])
 
 
 @pytest.mark.parametrize("given, message", [
@@ -142,31 +172,3 @@ def test_the_command_line_converts_and_verifies_a_frozen_graph(tmp_path, capfd):
     assert code == 0, err
     assert "3 fused into native nodes" in out and "ONNX vs TensorFlow" in out, out
     assert helpers.op_types(onnx.load(str(output))).count("GRU") == 1  # one bidirectional node
-
-
-def test_a_loop_bounded_by_the_longest_sequence_is_warned_about(caplog):
-    """TF1's dynamic_rnn with sequence_length bounds its loop by min(T, max(sequence_length)): the
-    converted Loop then returns fewer steps than TensorFlow's padded output, which is warned about."""
-    import tensorflow as tf
-
-    graph = tf.Graph()
-    with graph.as_default():
-        x = tf.compat.v1.placeholder(tf.float32, [None, 6, FEATURES], name="x")
-        lengths = tf.compat.v1.placeholder(tf.int32, [None], name="lengths")
-        bound = tf.minimum(tf.shape(x)[1], tf.maximum(1, tf.reduce_max(lengths)))
-        _, total = tf.while_loop(lambda t, s: t < bound, lambda t, s: (t + 1, s + x[:, t]),
-                                 (tf.constant(0), tf.zeros_like(x[:, 0])))
-        tf.identity(total, name="total")
-    assert any(node.op in ("While", "StatelessWhile") for node in graph.as_graph_def().node)
-    path = os.path.join(_DIR, "bounded.pb")
-    with open(path, "wb") as stream:
-        stream.write(graph.as_graph_def().SerializeToString())
-    with caplog.at_level("WARNING", logger="tf2onnx_rnn"):
-        convert_graph_def(path, inputs=["x:0", "lengths:0"], outputs=["total:0"])
-    assert any("max(sequence_length)" in record.getMessage() for record in caplog.records), caplog.text
-    caplog.clear()
-    frozen_path = frozen_keras(parity.FLAVORS[0])[1]
-    with caplog.at_level("WARNING", logger="tf2onnx_rnn"):
-        convert_graph_def(frozen_path, inputs=frozen_keras(parity.FLAVORS[0])[2],
-                          outputs=frozen_keras(parity.FLAVORS[0])[3])
-    assert not any("max(sequence_length)" in record.getMessage() for record in caplog.records), caplog.text

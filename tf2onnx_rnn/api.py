@@ -23,7 +23,7 @@ from .options import Options, check_tolerance
 from .output import LARGE_MODEL_KEY, check_output_path, save_model
 from .probes import check_loadable, fits_in_protobuf, stamp_ir_version
 from .reconcile import reconcile, recurrent_loops, unrolled_layers
-from .report import ConversionReport
+from .report import LOOP, ConversionReport
 from .rewriters.outcome import Findings
 from .shape_check import check_output_shapes
 from .sources import Frozen, Source
@@ -229,6 +229,8 @@ def convert(frozen: Frozen, options: Options) -> Conversion:
     report.nchw_inputs, report.nchw_outputs = (tuple(nchw.get(f"{kind}_as_nchw", ())) for kind in ("inputs", "outputs"))
     if options.streaming:
         check_streamed(report)
+    if not options.continue_on_error:
+        check_lowered(report, frozen.lowered)
     stamp_ir_version(model_proto)
     report.attach(model_proto)
     logger.info("tf2onnx_rnn report:\n%s", report.table())
@@ -236,6 +238,16 @@ def convert(frozen: Frozen, options: Options) -> Conversion:
     if options.large_model:
         model_proto.metadata_props.add(key=LARGE_MODEL_KEY, value="1")
     return Conversion(model_proto, report)
+
+
+def check_lowered(report: ConversionReport, lowered: tuple) -> None:
+    """A loop lowered to TF 1.x control flow over TensorLists when its graph was frozen has no ONNX form
+    but a fused node: one that stays a Loop is a :class:`ConversionError` naming it and why."""
+    stuck = [o for o in report.outcomes if o.became == LOOP and o.loop in lowered]
+    if stuck:
+        raise ConversionError(f"{stuck[0].layer}: {stuck[0].reason}; a loop frozen lowered to TF1 control flow "
+                              "over TensorLists has no other ONNX form: freeze with "
+                              "convert_variables_to_constants_v2(..., lower_control_flow=False)")
 
 
 def check_streamed(report: ConversionReport) -> None:

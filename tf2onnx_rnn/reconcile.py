@@ -9,6 +9,7 @@ or failed to do, the report cannot claim what the graph does not show.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Iterable, Optional
 
@@ -60,7 +61,9 @@ def _layer_name(name: str, layer_of: Callable[[str], Optional[str]]) -> str:
 
 
 def recurrent_loops(graph_def) -> list:
-    """The recurrent loops of a frozen graph, in graph order (loops nested in functions included)."""
+    """The recurrent loops of a frozen graph, in graph order (loops nested in functions included): its
+    functional while-loops reading a TensorList, and its TF 1.x loops (:func:`v1_loops`) reading a
+    TensorArray or a TensorList."""
     functions = {f.signature.name: f for f in graph_def.library.function}
 
     def reads_a_list(body: str) -> bool:
@@ -69,7 +72,18 @@ def recurrent_loops(graph_def) -> list:
 
     nodes = list(graph_def.node) + [n for f in functions.values() for n in f.node_def]
     return [RecurrentLoop(n.name, n.attr["body"].func.name) for n in nodes
-            if n.op in WHILE_OPS and reads_a_list(n.attr["body"].func.name)]
+            if n.op in WHILE_OPS and reads_a_list(n.attr["body"].func.name)] + \
+        [RecurrentLoop(frame, frame) for frame, ops in v1_loops(graph_def).items()
+         if ops & {"TensorArrayReadV3", "TensorListGetItem"}]
+
+
+def v1_loops(graph_def) -> dict:
+    """The TF 1.x loops of a graph (``Enter``/``Exit`` frames), each named as its scope (``rnn/while``),
+    with the op types inside it."""
+    frames = {node.attr["frame_name"].s.decode().rsplit("/while_context", 1)[0]
+              for node in graph_def.node if node.op == "Enter"}
+    return {frame: {node.op for node in graph_def.node if node.name.startswith(frame + "/")}
+            for frame in sorted(frames)}
 
 
 def unrolled_layers(graph_def) -> list:
@@ -100,7 +114,7 @@ def reconcile(findings: Findings, loops: list, model_proto: onnx.ModelProto,
     recorded = [LoopOutcome.of(row) for row in findings.outcomes]
     nodes = list(graph_nodes(model_proto.graph))
     names = {n.name for n in nodes}
-    still_loops = {_loop_name(n.name) for n in nodes if n.op_type in ("Loop", "Scan")}
+    still_loops = {_loop_name(n) for n in nodes if n.op_type in ("Loop", "Scan")}
     rows = {o.loop: o for o in recorded}
     claimed = {o.node for o in recorded if o.fused and o.node in names}
     unclaimed_native = [n for n in nodes if n.op_type in _RECURRENT_OPS and n.name not in claimed]
@@ -109,6 +123,8 @@ def reconcile(findings: Findings, loops: list, model_proto: onnx.ModelProto,
         row = rows.get(loop.name)
         layer = row.layer if row is not None else _layer_name(loop.name, layer_of)
         kind = row.kind if row is not None else loop.kind_hint
+        if kind == "unknown":  # the layer's name may tell (a TF 1.x loop's is its cell's scope)
+            kind = _hint(layer)
         if loop.name in still_loops:
             if row is not None and row.became == LOOP:
                 return row
@@ -137,9 +153,15 @@ def reconcile(findings: Findings, loops: list, model_proto: onnx.ModelProto,
     return ConversionReport([checked(loop) for loop in loops] + others + lost)
 
 
-def _loop_name(onnx_name: str) -> str:
-    """The TensorFlow while-loop an ONNX Loop came from (tf2onnx appends ``_loop``)."""
-    return onnx_name[:-len(_LOOP_SUFFIX)] if onnx_name.endswith(_LOOP_SUFFIX) else onnx_name
+def _loop_name(node: onnx.NodeProto) -> str:
+    """The TensorFlow while-loop an ONNX Loop or Scan came from: tf2onnx appends ``_loop`` to a
+    functional loop's name; a TF 1.x loop's is its body's scope (``rnn/while``)."""
+    if node.name.endswith(_LOOP_SUFFIX):
+        return node.name[:-len(_LOOP_SUFFIX)]
+    scopes = Counter(inner.name.split("/while/")[0] + "/while" for attribute in node.attribute
+                     if attribute.type == onnx.AttributeProto.GRAPH for inner in attribute.g.node
+                     if "/while/" in inner.name)
+    return scopes.most_common(1)[0][0] if scopes else node.name
 
 
 _LOOP_SUFFIX = "_loop"

@@ -56,9 +56,10 @@ def to_onnx(frozen: Frozen, options: Options, findings: Findings) -> tuple:
 
 
 def _check_fused_ops(frozen: Frozen, findings: Findings) -> None:
-    """A TFLite fused recurrent op the rewriter did not read has no tf2onnx handler: the model would not
-    run: its reason is the error."""
-    refused = [row for row in findings.outcomes if row.reason and row.loop in (frozen.fused_ops or {})]
+    """A fused recurrent op (TFLite's, TF 1.x's ``BlockLSTM``) the rewriter did not read has no tf2onnx
+    handler: the model would not run: its reason is the error."""
+    fused = set(frozen.fused_ops or {}) | findings.no_fallback
+    refused = [row for row in findings.outcomes if row.reason and row.loop in fused]
     if refused:
         raise ConversionError(f"{refused[0].layer}: {refused[0].reason}")
 

@@ -37,6 +37,7 @@ class Frozen:
     loops: Optional[list] = None  # the recurrent loops, when the source finds them (else read from graph_def)
     fused_ops: Optional[dict] = None  # TFLite fused recurrent ops: node name -> its FusedLayout
     allowed: Approximations = Approximations()  # what the user lets the model compute otherwise than the source
+    lowered: tuple = ()  # loops lowered to TF 1.x control flow over TensorLists when the graph was frozen
 
 
 class Source:

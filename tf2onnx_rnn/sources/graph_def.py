@@ -25,7 +25,6 @@ from .outside_ops import RESTORING, executed_ops, outside, refuse_outside
 
 _WHILE_OPS = ("While", "StatelessWhile")
 _LOWER = "_lower_using_switch_merge"
-_V1_LOOP_OPS = frozenset({"Enter", "Exit", "NextIteration", "LoopCond"})
 logger = logging.getLogger("tf2onnx_rnn")
 
 
@@ -63,7 +62,9 @@ class GraphDefFile(Source):
             if shape is not None:
                 check_input_shape(name, shape, shapes.get(tensor), param("inputs"))
                 override[tensor] = [None if d is None else int(d) for d in shape]
-        return Frozen(graph_def, os.path.basename(self.path), inputs, outputs, {}, shape_override=override or None)
+        names = tf1_layer_names(self._frozen_graph)
+        return Frozen(graph_def, os.path.basename(self.path), inputs, outputs, {}, shape_override=override or None,
+                      layer_names=names.get, lowered=tuple(lowered_loops(self._frozen_graph)))
 
     def verify(self, model_proto, tolerance: float, values: bool = True):
         from ..verify import verify_graph_def
@@ -199,8 +200,7 @@ def _load(populate, inputs: list, outputs: list) -> tuple:
             inputs = tf_loader.inputs_without_resource(session, inputs)
             frozen = tf_loader.freeze_session(session, input_names=inputs, output_names=outputs)
             inputs = tf_loader.remove_redundant_inputs(frozen, inputs)
-        _refuse_lowered_loops(frozen)
-        _warn_shortened_loops(frozen)
+        freeze_defaults(frozen, inputs)
         keep_loops_functional(frozen)
         tf_loader.tf_reset_default_graph()
         with tf_loader.tf_session():
@@ -212,6 +212,61 @@ def _load(populate, inputs: list, outputs: list) -> tuple:
     finally:
         tf_loader.tf_reset_default_graph()
     return frozen, optimized, inputs, outputs
+
+
+def freeze_defaults(graph_def, inputs: Sequence[str]) -> list:
+    """A ``PlaceholderWithDefault`` that is not one of the ``inputs`` is its default: the model's inputs
+    are the ones named (TF1 graphs feed a dropout's ``keep_prob`` so, 1 at inference). Returns the
+    names of those frozen."""
+    named = {name.split(":")[0] for name in inputs}
+    frozen = []
+    for node in graph_def.node:
+        if node.op == "PlaceholderWithDefault" and node.name not in named:
+            dtype = node.attr["dtype"].type
+            node.op = "Identity"
+            node.attr.clear()
+            node.attr["T"].type = dtype
+            frozen.append(node.name)
+    return frozen
+
+
+_TF1_CELL_SCOPES = ("lstm_cell", "basic_lstm_cell", "gru_cell", "basic_rnn_cell", "multi_rnn_cell", "lstm_block_cell",
+                    "gru_block_cell")
+
+
+def tf1_layer_names(graph_def) -> dict:
+    """Report names of the loops of TF 1.x's RNN functions (``dynamic_rnn`` and its kin): the scope of
+    the cell whose weights the loop reads (``rnn/lstm_cell``, ``bidirectional_rnn/fw/gru_cell``,
+    ``rnn/multi_rnn_cell``), by loop name. A loop of another kind (a Keras layer's) is not named here."""
+    nodes = {node.name: node for node in graph_def.node}
+    weights: dict = {}  # loop name -> names of the weights it reads
+    for node in graph_def.node:
+        if node.op in _WHILE_OPS:
+            weights.setdefault(node.name, []).extend(node.input)
+        elif node.op == "Enter" and "/while/" in node.name:
+            weights.setdefault(node.name.split("/while/")[0] + "/while", []).extend(node.input)
+    names = {}
+    for loop, inputs in weights.items():
+        kernels = [_weight_scope(nodes, tensor) for tensor in inputs]
+        scopes = sorted({scope for scope in kernels if scope})
+        if not scopes:
+            continue
+        common = os.path.commonprefix([scope.split("/") for scope in scopes])
+        cell = next((i for i, part in enumerate(common) if part in _TF1_CELL_SCOPES), None)
+        if cell is not None and common[0] == loop.split("/")[0]:
+            names[loop] = "/".join(common[:cell + 1])
+    return names
+
+
+def _weight_scope(nodes: dict, tensor: str) -> str:
+    """The scope of the variable a frozen weight was (``rnn/lstm_cell`` for ``rnn/lstm_cell/kernel``), through
+    the Identity reading it; "" for anything else."""
+    node = nodes.get(tensor.split(":")[0].lstrip("^"))
+    while node is not None and node.op == "Identity" and node.input:
+        node = nodes.get(node.input[0].split(":")[0])
+    if node is None or node.op != "Const" or "/kernel" not in node.name:
+        return ""
+    return node.name.split("/kernel")[0].rsplit("/gates", 1)[0].rsplit("/candidate", 1)[0]
 
 
 def keep_loops_functional(graph_def) -> int:
@@ -226,30 +281,9 @@ def keep_loops_functional(graph_def) -> int:
     return marked
 
 
-def _refuse_lowered_loops(graph_def) -> None:
-    ops = {node.op for node in graph_def.node}
-    if ops & _V1_LOOP_OPS and any(op.startswith("TensorList") for op in ops):
-        raise ConversionError("the graph's loops were lowered to TF1 control flow over TensorLists when it was "
-                              "frozen, which tf2onnx cannot convert: freeze with convert_variables_to_constants_v2("
-                              "..., lower_control_flow=False)")
+def lowered_loops(graph_def) -> list:
+    """The TF 1.x loops of a graph that step TensorLists: functional loops lowered when the graph was frozen
+    (``convert_variables_to_constants_v2`` lowers them by default)."""
+    from ..reconcile import v1_loops
 
-
-def _warn_shortened_loops(graph_def) -> None:
-    """TF1's ``dynamic_rnn`` given a ``sequence_length`` runs its loop min(T, max(sequence_length))
-    steps and pads its output to T; tf2onnx's Loop returns only the steps it ran, so where every row
-    is shorter than T the ONNX output is shorter than TensorFlow's. Warn: the values are right, the
-    shape is not."""
-    producers = {node.name: node for node in graph_def.node}
-
-    def made_by(tensor: str, op: str):
-        node = producers.get(tensor.split(":")[0].lstrip("^"))
-        return node if node is not None and node.op == op else None
-
-    for loop in (n for n in graph_def.node if n.op in _WHILE_OPS):
-        for bound in filter(None, (made_by(t, "Minimum") for t in loop.input)):
-            longest = [m for m in map(lambda t: made_by(t, "Maximum"), bound.input) if m is not None
-                       and any(made_by(t, "Max") for t in m.input)]
-            if longest:
-                logger.warning("%s runs max(sequence_length) steps (TF1's dynamic_rnn with a sequence_length): "
-                               "its converted Loop returns that many steps, fewer than TensorFlow's output has "
-                               "where every row of a batch is shorter than the input", loop.name)
+    return [frame for frame, ops in v1_loops(graph_def).items() if any(op.startswith("TensorList") for op in ops)]
