@@ -4,8 +4,9 @@ the format table of docs/tflite-and-graphs.md.
 Every TFLite model of ``tests/test_tflite.py`` (both Keras flavors, batch 1 and 5, fixed and
 dynamic time) and the frozen Keras graphs of ``tests/test_graph_def.py`` are converted by stock
 tf2onnx (``tf2onnx.convert.from_tflite``; for graphs its command line) and by this package, and so
-are TF1-style graphs (``tf1_graphs.py``: dynamic_rnn and bidirectional_dynamic_rnn over TF1's
-cells, with and without sequence_length). For each, the result: the
+are TF 1.x graphs (``tests/tf1_graphs.py``: dynamic_rnn, bidirectional_dynamic_rnn, static_rnn and the
+fused BlockLSTM ops over TF1's cells, with and without sequence_length, in TF 1.x's own control flow and
+with functional loops). For each, the result: the
 recurrent ops in the written graph (``LSTM``, ``Loop`` ...), or the error, and whether
 onnxruntime loads and matches the TFLite interpreter (or TensorFlow) on random inputs.
 
@@ -134,43 +135,55 @@ def graph_def_rows() -> list:
     return rows
 
 
-def tf1_rows() -> list:
-    import subprocess
-    import tempfile
+def tf1_cases() -> list:
+    """The graphs of ``tests/test_tf1_graphs.py``: those that fuse, those kept as Loops, a ``BlockLSTM``
+    that clips its cell state (refused), ``static_rnn`` given lengths (kept as its steps)."""
+    import test_tf1_graphs as cases
 
+    return cases.FUSED + cases.KEPT + [cases.Case("fused", "block_lstm_clip", True)] + \
+        [cases.Case("static", "lstm", True, form) for form in cases.tf1_graphs.FORMS]
+
+
+def tf1_rows() -> list:
+    """Every TF 1.x graph of ``tests/test_tf1_graphs.py`` (both control-flow forms), on rows of lengths
+    4, 2 and 0 at T=6: every row shorter than the input, where a loop bounded by the longest row
+    returns fewer steps than TensorFlow."""
+    import tf1_graphs
     from tf2onnx_rnn import convert_graph_def
 
-    folder = tempfile.mkdtemp(prefix="tf1_graphs_")
-    subprocess.run([sys.executable, os.path.join(HERE, "tf1_graphs.py"), folder], check=True, capture_output=True,
-                   env=dict(os.environ, TF_USE_LEGACY_KERAS="1"))
     rows = []
-    for name in sorted(f[:-3] for f in os.listdir(folder) if f.endswith(".pb")):
-        path, data = os.path.join(folder, name + ".pb"), np.load(os.path.join(folder, name + ".npz"))
-        feed = {key: data[key] for key in data.files if key != "expected"}
-        inputs, outputs = [f"{key}:0" for key in feed], ["y:0"]
-        rows.append(measure(name, lambda: stock_graph_def(path, inputs, outputs),
-                            lambda: convert_graph_def(path, inputs=inputs, outputs=outputs),
-                            lambda x, expected=data["expected"]: [expected], feed))
-        print(" | ".join(rows[-1]), flush=True)
+    for case in tf1_cases():
+        built = tf1_graphs.built(case)
+        for lengths, time in (([6, 6, 6], 6),) if case.driver == "static" and not case.lengths else (([4, 2, 0], 6),):
+            feeds = tf1_graphs.feeds_for(case, lengths, time)
+            feed = {name.split(":")[0]: value for name, value in zip(built.inputs, feeds)}
+            label = f"{case.id}, lengths {lengths if case.lengths else '-'}, T={time}"
+            rows.append(measure(label, lambda: stock_graph_def(built.path, built.inputs, built.outputs),
+                                lambda: convert_graph_def(built.path, inputs=built.inputs, outputs=built.outputs),
+                                lambda x, built=built, feeds=feeds: built.run(feeds), feed))
+            print(" | ".join(rows[-1]), flush=True)
     return rows
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.path.join(HERE, "results", "formats.md"))
+    parser.add_argument("--only", choices=("tflite", "graphs", "tf1"), help="measure one section only")
     args = parser.parse_args()
     import tensorflow as tf
     import tf2onnx
 
+    chosen = {"tflite": ("TFLite files", tflite_rows), "graphs": ("Frozen graphs", graph_def_rows),
+              "tf1": ("TF 1.x graphs", tf1_rows)}
     try:
-        sections = [("TFLite files", tflite_rows()), ("Frozen graphs", graph_def_rows()),
-                    ("TF1-style frozen graphs", tf1_rows())]
+        sections = [(title, rows()) for key, (title, rows) in chosen.items() if args.only in (None, key)]
     except Exception:  # noqa: BLE001
         traceback.print_exc()
         return 1
     lines = [f"# Stock tf2onnx {tf2onnx.__version__} and tf2onnx-rnn on TFLite files and frozen graphs",
              "", f"TensorFlow {tf.__version__}; written by `benchmarks/stock_formats.py`. Errors are against the "
-             "TFLite interpreter (TFLite files) or Keras (frozen graphs) on one random batch.", ""]
+             "TFLite interpreter (TFLite files), Keras (frozen Keras graphs) or the TensorFlow session "
+             "(TF 1.x graphs) on one random batch.", ""]
     for title, rows in sections:
         lines += [f"## {title}", "", "| model | stock tf2onnx | tf2onnx-rnn |", "|---|---|---|"]
         lines += ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in rows] + [""]
