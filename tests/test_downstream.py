@@ -1,10 +1,8 @@
 """Where converted models go next: OpenVINO, tract, onnxslim and float16 conversion.
 
-For LSTM, GRU and SimpleRNN, one direction (a forward layer returning sequences beside a
-go_backwards one returning its last output, both over the input) and Bidirectional, masked (a
-``Masking`` layer; rows full, post-padded, pre-padded, holed and empty) and unmasked, one Keras 3
-model each (small shapes), converted once per process: masked ones with ``target="portable"``,
-unmasked ones both by default and with the target. Each converted model must:
+Every model of the downstream matrix (``downstream_models.py``: LSTM, GRU and SimpleRNN, one
+direction with go_backwards and Bidirectional, masked and unmasked, and variants; masked ones
+converted with ``target="portable"``, unmasked ones both by default and with the target) must:
 
 - run in onnxruntime, OpenVINO (CPU, f32 inference precision, dynamic shapes) and tract, within
   1e-4 of ``model(x, training=False)``;
@@ -34,9 +32,6 @@ What each runtime needs, and why the portable target exists:
 """
 from __future__ import annotations
 
-import zlib
-from dataclasses import dataclass
-
 import numpy as np
 import onnx
 import pytest
@@ -44,95 +39,35 @@ import pytest
 import helpers
 import parity
 import tf2onnx_rnn
-from test_parity_masking import mask_batch
+from downstream_models import (
+    CASES,
+    DEFAULT,
+    FEATURES,
+    FLAVOR,
+    MATRIX,
+    PORTABLE,
+    UNITS,
+    Case,
+    batch,
+    build,
+    converted,
+    has_sequence_lens,
+    structure_problems,
+)
 
 openvino = pytest.importorskip("openvino")
 tract = pytest.importorskip("tract")
 onnxslim = pytest.importorskip("onnxslim")
 float16 = pytest.importorskip("onnxconverter_common.float16")
 
-FEATURES, UNITS = 3, 4
-ROWS = ("full", "post", "pre", "holed", "empty")
-TIME = 7
 TOLERANCE = 1e-4  # Keras vs each runtime
 SLIM_TOLERANCE = 1e-6  # onnxruntime before vs after onnxslim
 FLOAT16_TOLERANCE = 1e-2
-FLAVOR = parity.FLAVORS[0]  # Keras 3 (the ONNX models are what is tested here)
-
-
-@dataclass(frozen=True)
-class Case:
-    kind: str  # LSTM, GRU, SimpleRNN
-    bidirectional: bool
-    masked: bool
-
-    @property
-    def id(self) -> str:
-        return f"{self.kind}-{'bi' if self.bidirectional else 'uni'}-{'masked' if self.masked else 'plain'}"
-
-
-
-CASES = tuple(Case(k, b, m) for k in helpers.KINDS for b in (False, True) for m in (True, False))
-PORTABLE, DEFAULT = "portable", "default"
-FORMS = {PORTABLE: {"target": "portable"}, DEFAULT: {}}
-MATRIX = [(case, form) for case in CASES for form in ((PORTABLE,) if case.masked else (DEFAULT, PORTABLE))]
-
-
-def build(flavor: str, case: Case):
-    """x [batch, time, F] -> (Masking) -> a Bidirectional layer's sequences, or a forward layer's
-    sequences and a go_backwards layer's last output. No output is read inside the graph (see
-    :func:`test_float16_breaks_on_an_output_read_inside_the_graph`)."""
-    K = parity.keras_module(flavor)
-    x = K.Input((None, FEATURES), name="x")
-    h = K.layers.Masking(0.0, name="masking")(x) if case.masked else x
-    layer = getattr(K.layers, case.kind)
-    if case.bidirectional:
-        outputs = [K.layers.Bidirectional(layer(UNITS, return_sequences=True), name="bi")(h)]
-    else:
-        # of different sizes, or the two would pair into one bidirectional node
-        outputs = [layer(UNITS, return_sequences=True, name="forward")(h),
-                   layer(UNITS + 1, go_backwards=True, name="backward")(h)]
-    model = K.Model(x, outputs, name="downstream")
-    parity.randomize_weights(model, zlib.crc32(f"downstream/{flavor}/{case.id}".encode()))
-    return model
-
-
-def batch(masked: bool) -> np.ndarray:
-    x = np.random.default_rng(17).standard_normal((len(ROWS), TIME, FEATURES)).astype(np.float32)
-    return x * mask_batch(ROWS, TIME)[:, :, None] if masked else x
-
-
-@dataclass
-class Converted:
-    model: object
-    proto: onnx.ModelProto
-    path: str  # the model written, for the runtimes that load files
-    x: np.ndarray
-    expected: list  # Keras's outputs on x
-
-
-_MODELS: dict = {}
-_CONVERTED: dict = {}
 
 
 @pytest.fixture(scope="session")
 def downstream_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("downstream")
-
-
-def converted(case: Case, form: str, directory) -> Converted:
-    """The case converted in ``form`` (portable or default), once per process."""
-    key = (case, form)
-    if key not in _CONVERTED:
-        if case not in _MODELS:
-            _MODELS[case] = build(FLAVOR, case)
-        model = _MODELS[case]
-        proto = tf2onnx_rnn.convert_keras(model, **FORMS[form])
-        path = str(directory / f"{case.id}-{form}.onnx")
-        onnx.save(proto, path)
-        x = batch(case.masked)
-        _CONVERTED[key] = Converted(model, proto, path, x, parity.keras_outputs(model, [x]))
-    return _CONVERTED[key]
 
 
 # -- runtimes ---------------------------------------------------------------------------------
@@ -168,10 +103,6 @@ def problems_of(label: str, expected: list, actual: list, tolerance: float) -> l
                                   [np.asarray(a) for a in actual], tolerance)[0]
 
 
-def has_sequence_lens(node) -> bool:
-    return len(node.input) > 4 and bool(node.input[4])
-
-
 # -- the matrix ---------------------------------------------------------------------------------
 
 def has_reverse_node(proto: onnx.ModelProto) -> bool:
@@ -184,14 +115,7 @@ def test_runs_downstream(case: Case, form: str, downstream_dir):
     were; float16 within 1e-2. All checked and reported together (one conversion per case and
     form). tract runs the default form only where it has no reverse node (see the docstring)."""
     entry = converted(case, form, downstream_dir)
-    nodes = helpers.nodes_of_types(entry.proto, helpers.RECURRENT_OPS)
-    problems = []
-    if helpers.nodes_of_types(entry.proto, helpers.LOOP_OPS) or not nodes:
-        problems.append(f"not fused: {helpers.op_counts(entry.proto)}")
-    if any(has_sequence_lens(n) for n in nodes):
-        problems.append("a native node has a sequence_lens input")
-    if form == PORTABLE and any(helpers.direction_of(n) != "forward" for n in nodes if not case.bidirectional):
-        problems.append("a portable one-direction node does not run forward")
+    problems = structure_problems(case, form, entry.proto)
     reference = run_onnxruntime(entry.proto, entry.x)
     problems += problems_of("onnxruntime", entry.expected, reference, TOLERANCE)
     runtimes = [("OpenVINO", lambda: run_openvino(entry.path, entry.x))]

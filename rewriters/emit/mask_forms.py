@@ -165,8 +165,12 @@ class Masks:
         """Whether a pass of its own runs ONNX's reverse direction over the unreversed input: a
         backward pass whose step-order outputs are unused (no reversal op needed either way), or a
         masked one with post-padding assumed (that saves compacting; its step-order sequence is
-        then Y reversed in time). Every other pass runs forward over its own input."""
+        then Y reversed in time), and in the portable form every backward pass that has its input
+        unreversed. Every other pass runs forward over its own input."""
         wiring = pass_.wiring
+        if pass_.direction is Direction.BACKWARD and self.form is PORTABLE and wiring.x_unreversed is not None:
+            return True  # over the unreversed input, reversed by a Slice: tf2onnx writes Keras's reversal as
+            # ReverseSequence, which some consumers lack (onnx2torch, tract)
         post_padded_sequence = self.post_padded and wiring.mask is not None
         return pass_.direction is Direction.BACKWARD and (not wiring.sequence_output or post_padded_sequence)
 

@@ -2,6 +2,9 @@
 
 Compaction moves each row's kept steps to the front, in order; outputs go back through a gather
 from the node's outputs at the compacted position each step takes its value from.
+
+Every attribute a consumer could read otherwise than ONNX is written out, defaults included:
+onnx2torch 1.5.15 takes an absent ``reverse`` of ``CumSum`` as 1.
 """
 from __future__ import annotations
 
@@ -83,7 +86,7 @@ class MaskTensors:
     @_built_once
     def source(self) -> str:
         """[T, B]: compacted position of the latest kept step at or before t (-1 before any)."""
-        return self.op("Sub", [self.op("CumSum", [self.ints, self.const(0)]), self.const(1)])
+        return self.op("Sub", [self.op("CumSum", [self.ints, self.const(0)], exclusive=0, reverse=0), self.const(1)])
 
     @_built_once
     def source_rows(self) -> str:
@@ -190,7 +193,7 @@ class MaskTensors:
     def following(self) -> str:
         """[T, B]: compacted position of the earliest kept step at or after t (the row's kept count
         when none comes after): the kept steps before t, counted."""
-        return self.op("CumSum", [self.ints, self.const(0)], exclusive=1)
+        return self.op("CumSum", [self.ints, self.const(0)], exclusive=1, reverse=0)
 
     @_built_once
     def following_rows(self) -> str:
