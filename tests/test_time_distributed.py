@@ -277,8 +277,8 @@ def broken(monkeypatch):
     convert_graph = api.to_onnx
 
     def converted(*args):
-        model_proto, nchw = convert_graph(*args)
-        return _time_follows_batch(model_proto), nchw
+        model_proto, nchw, findings = convert_graph(*args)
+        return _time_follows_batch(model_proto), nchw, findings
 
     monkeypatch.setattr(api, "to_onnx", converted)
 

@@ -24,7 +24,6 @@ from .output import LARGE_MODEL_KEY, check_output_path, save_model
 from .probes import check_loadable, fits_in_protobuf, stamp_ir_version
 from .reconcile import reconcile, recurrent_loops, unrolled_layers
 from .report import LOOP, ConversionReport
-from .rewriters.outcome import Findings
 from .shape_check import check_output_shapes
 from .sources import Frozen, Source
 from .sources.graph_def import Checkpoint, GraphDefFile
@@ -217,8 +216,7 @@ def freeze(source: Source, options: Options) -> Frozen:
 
 def convert(frozen: Frozen, options: Options) -> Conversion:
     """A frozen graph to a loadable ONNX model with its reconciled report stored in it."""
-    findings = Findings()
-    model_proto, nchw = to_onnx(frozen, options, findings)
+    model_proto, nchw, findings = to_onnx(frozen, options)
     loops = frozen.loops if frozen.loops is not None else recurrent_loops(frozen.graph_def)
     unrolled = unrolled_layers(frozen.graph_def) if frozen.graph_def is not None else []
     report = reconcile(findings, loops, model_proto, frozen.layer_names, unrolled)

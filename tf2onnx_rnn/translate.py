@@ -7,6 +7,7 @@ refused before anything is converted.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import warnings
 from typing import Sequence
@@ -22,14 +23,15 @@ from .sources import Frozen, placeholder_shapes, resolve_names
 logger = logging.getLogger("tf2onnx_rnn")
 
 
-def to_onnx(frozen: Frozen, options: Options, findings: Findings) -> tuple:
-    """Convert ``frozen`` with tf2onnx and the rewriter, which records what became of each loop in
-    ``findings``: (the model, option -> the inputs or outputs it transposes between NHWC and NCHW, by
-    their names in the model). A failure of tf2onnx itself on the graph is a :class:`ConversionError`."""
+def to_onnx(frozen: Frozen, options: Options) -> tuple:
+    """Convert ``frozen`` with tf2onnx and the rewriter: (the model, option -> the inputs or outputs it
+    transposes between NHWC and NCHW, by their names in the model, the :class:`Findings` in which the
+    rewriter recorded what became of each loop). A failure of tf2onnx itself on the graph is a
+    :class:`ConversionError`."""
     from . import handlers
 
     handlers.ensure_registered()
-    rewriter = _rewriter(frozen, options, findings)
+    rewriter, findings = _rewriter(frozen, options)
     kwargs, nchw = _tf2onnx_arguments(frozen, options)
     kwargs["custom_rewriter"] = ([rewriter] if rewriter else []) + list(options.custom_rewriter)
     import tensorflow as tf
@@ -52,7 +54,7 @@ def to_onnx(frozen: Frozen, options: Options, findings: Findings) -> tuple:
                                   f"{first_line(error)}") from error
     _check_fused_ops(frozen, findings)
     _check_nchw(_io_ranks(model_proto), nchw)
-    return model_proto, nchw
+    return model_proto, nchw, findings
 
 
 def _check_fused_ops(frozen: Frozen, findings: Findings) -> None:
@@ -64,21 +66,34 @@ def _check_fused_ops(frozen: Frozen, findings: Findings) -> None:
         raise ConversionError(f"{refused[0].layer}: {refused[0].reason}")
 
 
-def _rewriter(frozen: Frozen, options: Options, findings: Findings):
-    """The rewriter for the conversion, or None when the rewriter package cannot give one: its
-    ``make_rewriter`` guards what it builds, this guards importing and calling it (the conversion
-    then goes on without fusing, exact, and every recurrent loop's row says why)."""
+def _rewriter(frozen: Frozen, options: Options) -> tuple:
+    """(the rewriter for the conversion, the :class:`Findings` it records into), or (None, findings
+    saying why) when the rewriter package cannot give one: its ``make_rewriter`` guards what it builds,
+    this guards importing it and setting it up (the conversion then goes on without fusing, exact, and
+    every recurrent loop's row says why)."""
     try:
         from .rewriters.pipeline import make_rewriter  # imported late: it imports tf2onnx, hence TensorFlow
 
+        findings = Findings()
         return make_rewriter(findings, frozen.layer_names, portable=options.portable,
                              post_padded=options.assume_post_padded, streaming=bool(options.streaming),
                              training=options.training,
-                             fused_ops=frozen.fused_ops, allowed=frozen.allowed)
+                             fused_ops=frozen.fused_ops, allowed=frozen.allowed), findings
     except Exception as error:  # noqa: BLE001 - the conversion goes on without fusing, exact
-        findings.setup_error = f"internal error while setting up the rewriter: {type(error).__name__}: {error}"
-        logger.warning("recurrent layers stay Loops: %s", findings.setup_error)
-        return None
+        why = f"internal error while setting up the rewriter: {type(error).__name__}: {error}"
+        logger.warning("recurrent layers stay Loops: %s", why)
+        return None, _findings_of_no_rewriter(why)
+
+
+def _findings_of_no_rewriter(why: str) -> Findings:
+    """Findings with no rows and ``why`` as every loop's reason, made without calling ``Findings``'s own
+    ``__init__``: it may be what failed."""
+    findings = object.__new__(Findings)
+    for spec in dataclasses.fields(Findings):
+        default = spec.default_factory() if spec.default_factory is not dataclasses.MISSING else spec.default
+        object.__setattr__(findings, spec.name, default)
+    findings.setup_error = why
+    return findings
 
 
 def _tf2onnx_arguments(frozen: Frozen, options: Options) -> tuple:
