@@ -48,9 +48,13 @@ def frozen_keras(flavor: str, lowered: bool = False) -> tuple:
     return model, path, [t.name for t in frozen.inputs], [t.name for t in frozen.outputs]
 
 
+@pytest.mark.parametrize("lowered", (False, True), ids=("functional", "lowered"))
 @pytest.mark.parametrize("flavor", parity.FLAVORS)
-def test_a_frozen_keras_model_fuses_exactly(flavor):
-    model, path, inputs, outputs = frozen_keras(flavor)
+def test_a_frozen_keras_model_fuses_exactly(flavor, lowered):
+    """Frozen with its loops kept functional, or the way most guides show (``lower_control_flow=True``,
+    the default: the layers' loops become TF1 control flow over TensorLists, read as they are), the
+    layers fuse alike."""
+    model, path, inputs, outputs = frozen_keras(flavor, lowered=lowered)
     proto = convert_graph_def(path, inputs=inputs, outputs=outputs)
     assert not helpers.nodes_of_types(proto, helpers.LOOP_OPS), helpers.op_counts(proto)
     assert sorted(o.became for o in report_of(proto).outcomes) == ["GRU", "GRU", "LSTM"]
@@ -67,21 +71,6 @@ def test_inputs_take_shapes_and_names_without_their_index():
                               outputs=[o.split(":")[0] for o in outputs])
     dims = [d.dim_value for d in proto.graph.input[0].type.tensor_type.shape.dim]
     assert dims == [2, 7, FEATURES]
-
-
-@pytest.mark.parametrize("flavor", parity.FLAVORS)
-def test_a_graph_frozen_with_its_loops_lowered_fuses_exactly(flavor):
-    """Frozen the way most guides show (``lower_control_flow=True``, the default), the layers' loops are TF1
-    control flow over TensorLists; read as they are, they fuse as the functional ones do."""
-    model, path, inputs, outputs = frozen_keras(flavor, lowered=True)
-    proto = convert_graph_def(path, inputs=inputs, outputs=outputs)
-    assert not helpers.nodes_of_types(proto, helpers.LOOP_OPS), helpers.op_counts(proto)
-    assert sorted(o.became for o in report_of(proto).outcomes) == ["GRU", "GRU", "LSTM"]
-    session = helpers.ort_session(proto)
-    for batch, steps in ((3, 6), (1, 2)):
-        x = np.random.default_rng(batch).standard_normal((batch, steps, FEATURES)).astype(np.float32)
-        (actual,) = session.run(None, {session.get_inputs()[0].name: x})
-        np.testing.assert_allclose(actual, np.asarray(model(x, training=False)), atol=1e-5, rtol=0)
 
 
 def test_a_lowered_loop_that_stays_a_loop_is_refused_with_the_way_out(tmp_path):
