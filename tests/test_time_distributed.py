@@ -32,6 +32,7 @@ import helpers
 import parity
 import tf2onnx_rnn
 from tf2onnx_rnn import ConversionError, VerificationError, api, convert
+from tf2onnx_rnn.report import REMOVED
 from tf2onnx_rnn.sources.keras_file import KerasFile
 
 TOLERANCE = 1e-5
@@ -225,7 +226,9 @@ def test_time_distributed_converts_exactly_and_lean(flavor, case):
     if case.model.matmuls is not None:
         assert counts["MatMul"] + counts["Gemm"] == case.model.matmuls, dict(counts)
     report = tf2onnx_rnn.report_of(proto)
-    assert report.outcomes and all(row.fused for row in report.outcomes), table
+    # Keras 2.15 may trace a masked inner model twice (once for its mask); tf2onnx drops that copy
+    assert report.fused and all(row.fused or row.became == REMOVED for row in report.outcomes), table
+    assert {row.layer for row in report.outcomes} == {row.layer for row in report.fused}, table
     assert report.checked.startswith("output shapes checked against Keras"), report.checked
     session = helpers.ort_session(proto)
     name = session.get_inputs()[0].name
