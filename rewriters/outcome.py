@@ -35,6 +35,7 @@ class Outcome:
     stateful: bool = False  # a Keras stateful=True layer
     cell_nodes: tuple = ()  # a StackedRNNCells loop: the nodes of the cells below ``node`` (the top cell's)
     unrolled: int = 0  # an unrolled layer (no loop; ``loop`` names its Unpack): its number of steps
+    form: str = ""  # how the recurrence is computed when not by ``became``'s native node alone (target onnxruntime)
 
 
 @dataclass

@@ -22,6 +22,7 @@ from .cells.body import BodyView
 from .description import Approximations, BodyMatch, NoMatch, Pass, StackMatch, require
 from .emit.bool_masks import exact_selects, integer_any, select_bool_products
 from .emit.emitter import EmitContext, emit
+from .emit.kernels import NATIVE, NativeNodes, select_kernels
 from .emit.mask_forms import Masks, select_masks
 from .emit.padded_lists import pad_stacked_lists
 from .emit.plan import plan_nodes
@@ -43,16 +44,17 @@ def _describe(error: Exception) -> str:
 
 def make_rewriter(findings: Findings, layer_of: Optional[Callable[[str], Optional[str]]] = None, *,
                   portable: bool = False, post_padded: bool = False, streaming: bool = False,
-                  training: bool = False, fused_ops: Optional[dict] = None,
+                  training: bool = False, onnxruntime: bool = False, fused_ops: Optional[dict] = None,
                   allowed: Approximations = Approximations()) -> Optional["RecurrentRewriter"]:
     """The rewriter for one conversion, with its variants chosen once: how masked layers are emitted
     (:func:`.mask_forms.select_masks` from ``portable``, ``post_padded`` and ``training``) and how states meet the
-    model (:func:`.states.select_states` from ``streaming``). ``fused_ops``: a TFLite file's fused
+    model (:func:`.states.select_states` from ``streaming``), and what computes a recurrence
+    (:func:`.kernels.select_kernels` from ``onnxruntime``). ``fused_ops``: a TFLite file's fused
     recurrent ops, node name -> its :class:`.description.FusedLayout`. None when it cannot even be built (an
     internal error, noted in ``findings.setup_error`` so that every recurrent loop's row can say so)."""
     try:
         return RecurrentRewriter(Rows(findings), layer_of, select_masks(portable, post_padded, training),
-                                 select_states(streaming), fused_ops, allowed)
+                                 select_states(streaming), fused_ops, allowed, select_kernels(onnxruntime))
     except Exception as error:  # noqa: BLE001 - the conversion goes on without fusing
         findings.setup_error = f"internal error while setting up the rewriter: {_describe(error)}"
         logger.warning("recurrent layers stay Loops: %s", findings.setup_error, exc_info=True)
@@ -64,8 +66,9 @@ class RecurrentRewriter:
 
     def __init__(self, rows: Rows, layer_of: Optional[Callable[[str], Optional[str]]] = None,
                  masks: Masks = Masks(), states: StateWiring = MODEL_STATES, fused_ops: Optional[dict] = None,
-                 allowed: Approximations = Approximations()):
+                 allowed: Approximations = Approximations(), kernels: NativeNodes = NATIVE):
         self.findings = rows.findings
+        self.kernels = kernels
         self.rows = rows
         self.fused_ops, self.allowed = dict(fused_ops or {}), allowed
         self.masks, self.states = masks, states
@@ -197,7 +200,7 @@ class RecurrentRewriter:
         if layers is None:  # pairing is an optimisation: without it every pass is its own node
             layers = [layer for pass_ in passes for layer in self._guarded(
                 "planning the node", [pass_], lambda pass_=pass_: plan_nodes(graph, [pass_], self.masks)) or []]
-        context = EmitContext(masks=self.masks, states=self.states)
+        context = EmitContext(masks=self.masks, states=self.states, kernels=self.kernels)
         for layer in layers:
             self._guarded("emitting", layer.passes, lambda layer=layer: self._emit(graph, layer, context))
 

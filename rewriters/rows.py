@@ -86,7 +86,8 @@ class Rows:
         """One row per pass of an emitted layer (a RecurrentLayer), each naming the node built for it."""
         for pass_, (node, direction) in zip(layer.passes, emitted.nodes):
             self._record(Outcome(loop=pass_.loop, layer=pass_.name, kind=pass_.kind.keras_name,
-                                     direction=pass_.direction.value, became=pass_.kind.onnx_op, node=node,
+                                     direction=pass_.direction.value, became=emitted.became or pass_.kind.onnx_op,
+                                     node=node, form=emitted.form,
                                      node_direction=direction.value, activations=_activations(pass_),
                                      mask=_mask_text(pass_, emitted.mask_form),
                                      state_inputs=tuple(io.input for io in emitted.states),
@@ -103,7 +104,8 @@ class Rows:
         bottom = cells[0][0]
         self._record(Outcome(
             loop=pass_.loop, layer=pass_.name, kind=StackMatch.kind_name, direction=bottom.direction.value,
-            became=pass_.kind.onnx_op, node=emitted.node, node_direction=bottom.direction.value,
+            became=emitted.became or pass_.kind.onnx_op, node=emitted.node, node_direction=bottom.direction.value,
+            form=emitted.form,
             activations="cells: " + " -> ".join(f"{cell.kind.keras_name} [{_activations(cell)}]" for cell, _ in cells),
             cell_nodes=tuple(e.node for _, e in cells[:-1]),
             state_inputs=tuple(io.input for _, e in cells for io in e.states),

@@ -81,9 +81,12 @@ def convert_keras(model, input_signature=None, opset: Optional[int] = None, outp
     graph that is exact only when every row's kept steps come first (post-padding).
     ``target="portable"`` (beside or instead of tf2onnx's targets) gives masked layers no computed
     ``sequence_lens``, for runtimes that take it only as a constant (tract), exact wherever the
-    report does not say otherwise. The report is logged and stored in the model's metadata.
-    Verification calls the model only when its traced call reaches nothing outside TensorFlow (no
-    file writes, prints, Python or network ops), unless ``safe_mode=False``.
+    report does not say otherwise. ``target="onnxruntime"`` computes SimpleRNN layers as an input
+    MatMul and a ``Scan`` (onnxruntime's fastest form of them from batch 1 to 64; the default's
+    native ``RNN`` node is what OpenVINO, tract, onnx2torch and training want).
+    The report is logged and stored in the model's metadata. Verification calls the model only
+    when its traced call reaches nothing outside TensorFlow (no file writes, prints, Python or
+    network ops), unless ``safe_mode=False``.
     """
     options = Options.of(opset=opset, assume_post_padded=assume_post_padded, **options)
     conversion = run(KerasModel(model, input_signature, safe_mode), output_path=output_path, verify=verify,

@@ -21,19 +21,21 @@ from .probes import check_opset
 
 PORTABLE = "portable"  # this package's own target: masked layers without a computed sequence_lens
 TRAINING = "training"  # and its form for onnxruntime's training API (see tf2onnx_rnn.training)
-OWN_TARGETS = (PORTABLE, TRAINING)
+ONNXRUNTIME = "onnxruntime"  # and onnxruntime's fastest form: SimpleRNN as input MatMul + Scan
+OWN_TARGETS = (PORTABLE, TRAINING, ONNXRUNTIME)
 
 
 @dataclass(frozen=True)
 class Options:
     """Every choice of a conversion. Each field is the API parameter of the same name, but for
     ``target``, which the API takes as one list: tf2onnx's targets here, :data:`PORTABLE` as
-    ``portable``, :data:`TRAINING` as ``training``."""
+    ``portable``, :data:`TRAINING` as ``training``, :data:`ONNXRUNTIME` as ``onnxruntime``."""
 
     opset: Optional[int] = None
     assume_post_padded: bool = False  # masked layers: every row's kept steps come first
     portable: bool = False  # masked layers without a computed sequence_lens (target "portable")
     training: bool = False  # the form onnxruntime's training API takes (target "training")
+    onnxruntime: bool = False  # SimpleRNN as input MatMul + Scan, faster in onnxruntime (target "onnxruntime")
     streaming: Optional[bool] = None  # recurrent states in and out of the model; None: for stateful models
     continue_on_error: bool = False  # write a model even when tf2onnx left ops it could not convert
     check_shapes: bool = True  # without verification, check the outputs' shapes against the source's
@@ -70,11 +72,14 @@ class Options:
         for key in ("inputs_as_nchw", "outputs_as_nchw"):
             given[key] = name_list(given.get(key), key)
         targets = check_targets(name_list(given.pop("target", ()), "target"))
+        if TRAINING in targets and ONNXRUNTIME in targets:
+            raise ConversionError(f"{param('target')}: {TRAINING!r} and {ONNXRUNTIME!r} exclude each other (the "
+                                  "training kernels need the native RNN node the other replaces)")
         given["extra_opset"] = tuple(extra_opsets(given.get("extra_opset", ())))
         given["inputs"] = input_shapes(given.get("inputs"))
         given["custom_rewriter"] = tuple(given.get("custom_rewriter", ()))
         return cls(target=tuple(t for t in targets if t not in OWN_TARGETS), portable=PORTABLE in targets,
-                   training=TRAINING in targets, **given)
+                   training=TRAINING in targets, onnxruntime=ONNXRUNTIME in targets, **given)
 
     def tf2onnx_options(self) -> dict:
         """tf2onnx's own keyword arguments that these options give as they are (given ones only)."""
@@ -103,7 +108,8 @@ def known_targets() -> tuple:
     """The ``target`` values: tf2onnx's workarounds for particular runtimes, and this package's own,
     which tf2onnx never sees: :data:`PORTABLE` (masked recurrent layers without a computed
     ``sequence_lens``, for runtimes that take it only as a constant, such as tract) and
-    :data:`TRAINING` (the form onnxruntime's training API takes)."""
+    :data:`TRAINING` (the form onnxruntime's training API takes) and :data:`ONNXRUNTIME` (SimpleRNN
+    as an input MatMul and a Scan, onnxruntime's fastest form of it)."""
     from tf2onnx import constants
 
     return tuple(constants.POSSIBLE_TARGETS) + OWN_TARGETS

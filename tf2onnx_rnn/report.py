@@ -61,7 +61,9 @@ class ConversionReport:
         if not self.outcomes:
             return "no recurrent layer loops found: nothing to fuse"
         removed = len(self.outcomes) - len(self.fused) - len(self.loops) - len(self.unrolled)
-        return (f"{len(self.outcomes)} recurrent loop(s): {len(self.fused)} fused into native nodes, "
+        scans = sum(1 for o in self.fused if o.form)
+        return (f"{len(self.outcomes)} recurrent loop(s): {len(self.fused)} fused into native nodes"
+                + (f" ({scans} of them in onnxruntime's form, a Scan)" if scans else "") + ", "
                 f"{len(self.loops)} left as Loop"
                 + (f", {len(self.unrolled)} unrolled layer(s) left as ops" if self.unrolled else "")
                 + (f", {removed} removed as unused" if removed else ""))
@@ -71,9 +73,11 @@ class ConversionReport:
         rows = [("layer", "kind", "direction", "became", "details")]
         for o in self.outcomes:
             if o.fused:
-                details = o.activations + ("; one bidirectional node" if o.node_direction == "bidirectional" else "")
+                paired = o.node_direction == "bidirectional" and not o.form
+                details = o.activations + ("; one bidirectional node" if paired else "")
                 details += f"; mask: {o.mask}" if o.mask else ""
                 details += "; stateful" if o.stateful else ""
+                details += f"; {o.form}" if o.form else ""
                 details += f"; unrolled, {o.unrolled} steps" if o.unrolled else ""
                 if o.state_outputs:
                     details += f"; states in: {', '.join(i or '(the model gives it)' for i in o.state_inputs)}"

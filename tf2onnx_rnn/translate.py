@@ -77,7 +77,7 @@ def _rewriter(frozen: Frozen, options: Options) -> tuple:
         findings = Findings()
         return make_rewriter(findings, frozen.layer_names, portable=options.portable,
                              post_padded=options.assume_post_padded, streaming=bool(options.streaming),
-                             training=options.training,
+                             training=options.training, onnxruntime=options.onnxruntime,
                              fused_ops=frozen.fused_ops, allowed=frozen.allowed), findings
     except Exception as error:  # noqa: BLE001 - the conversion goes on without fusing, exact
         why = f"internal error while setting up the rewriter: {type(error).__name__}: {error}"

@@ -14,6 +14,7 @@ from tf2onnx import utils
 from tf2onnx.graph_builder import GraphBuilder
 
 from ..description import MaskedOutput, NodeDirection, NoMatch, RecurrentLayer, StateRole
+from .kernels import NATIVE, NativeNodes, NodeInputs
 from .mask_forms import MaskForm, Masks
 from .mask_tensors import LengthTensors, MaskTensors
 from .states import MODEL_STATES, StateWiring
@@ -78,6 +79,7 @@ class EmitContext:
 
     masks: Masks = Masks()  # how masked layers are emitted
     states: StateWiring = MODEL_STATES  # how the layers' states meet the model (streaming or not)
+    kernels: NativeNodes = NATIVE  # what computes a layer's recurrence (the native node, or a Scan for onnxruntime)
     renamed: dict = field(default_factory=dict)  # tensors replaced by earlier emissions -> replacements
     mask_tensors: dict = field(default_factory=dict)  # mask key -> MaskTensors, so layers share one computation
 
@@ -93,6 +95,8 @@ class Emitted:
     nodes: tuple  # per pass of the layer, in its order: (the node built for it, that node's NodeDirection)
     mask_form: str = ""  # how a masked layer's mask reached its node(s), as the form describes itself
     states: tuple = ()  # StateIO per streamed state (streaming only)
+    became: str = ""  # the op that computes the recurrence when it is not the layer's native node
+    form: str = ""  # how, in words, then
 
     @property
     def node(self) -> str:
@@ -202,9 +206,10 @@ class Emission:
         dtype = helper.np_dtype_to_tensor_dtype(np.dtype(first.dtype))
         lengths = len(inputs) > Slot.SEQUENCE_LENS and bool(inputs[Slot.SEQUENCE_LENS])
         attributes = _attributes(layer, self.form.direction(layer), lengths)
-        return self.graph.make_node(first.kind.onnx_op, inputs, attr=attributes,
-                                    output_count=count,
-                                    name=self.name, shapes=shapes, dtypes=[dtype] * count)
+        named = NodeInputs(inputs[Slot.X], inputs[Slot.SEQUENCE_LENS] if lengths else "",
+                           inputs[Slot.INITIAL_H] if len(inputs) > Slot.INITIAL_H else "")
+        return self.context.kernels.build(self.graph, layer, inputs, named, attributes, self.name, shapes,
+                                          [dtype] * count)
 
     def wire(self, node) -> None:
         for index, pass_ in enumerate(self.layer.passes):
@@ -300,6 +305,7 @@ def emit(graph, layer: RecurrentLayer, context: EmitContext) -> Emitted:
     Returns what was built.
     """
     form = context.masks.form_for(layer, context.states.final_roles(layer))
+    native = context.kernels.builds_native(layer)
     emissions = [Emission(graph, part, context, form) for part in form.layers(layer)]
     built, states = [], ()
     for emission in emissions:
@@ -314,4 +320,5 @@ def emit(graph, layer: RecurrentLayer, context: EmitContext) -> Emitted:
                   for emission, node in zip(emissions, built) for _ in emission.layer.passes)
     masked = emissions[0].mask is not None
     return Emitted(nodes=nodes, mask_form=form.describe(layer, emissions[0].compacted) if masked else "",
-                   states=states)
+                   states=states, became="" if native else built[0].op_type,
+                   form="" if native else context.kernels.describe)

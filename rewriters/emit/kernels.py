@@ -1,0 +1,222 @@
+"""What computes a layer's recurrence: ONNX's native node, or, for onnxruntime, SimpleRNN's as a Scan.
+
+A variant of the one emitter, chosen once per conversion by :func:`select_kernels`. The emitter
+hands the variant the node it would build (op, input slots filled, attributes); the variant
+returns something with that node's outputs. :data:`NATIVE` builds the node itself.
+:class:`ScanRNN` (target "onnxruntime") builds ONNX's ``RNN`` out of its definition instead: the
+input projection as one MatMul over every step, then a ``Scan`` whose body is the recurrent
+product, the bias-free addition and the activation. onnxruntime's RNN kernel applies its
+activation one value at a time, which makes it slower than its own Loop at batch 16 and beyond;
+the Scan's ops are vectorised (benchmarks/results/benchmark.md). Its outputs are the node's,
+``sequence_lens`` included (steps past a row's length give zeros and carry the state), so every
+mask form and state wiring works unchanged. Other consumers (OpenVINO, tract, onnx2torch, the
+training kernels) want the native node: they get it without the target.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper
+from tf2onnx import utils
+from tf2onnx.graph_builder import GraphBuilder
+
+from ..description import Activation, RecurrentLayer
+
+ONNXRUNTIME = "onnxruntime"  # the target that selects :class:`ScanRNN`
+
+
+@dataclass(frozen=True)
+class Built:
+    """What stands for the recurrent node: its name (the report's) and its outputs by ONNX slot."""
+
+    name: str
+    output: tuple
+    op_type: str
+
+
+class NativeNodes:
+    """Every layer becomes its native ONNX node."""
+
+    describe = ""  # what the report adds about the form, for a layer this variant builds otherwise
+
+    def build(self, graph, layer: RecurrentLayer, inputs: list, named: NodeInputs, attributes: dict, name: str,
+              shapes: list, dtypes: list):
+        """The node for ``layer`` from its ``inputs`` by slot (``named``: some of them by name)."""
+        return graph.make_node(layer.first.kind.onnx_op, inputs, attr=attributes, output_count=len(shapes),
+                               name=name, shapes=shapes, dtypes=dtypes)
+
+    def builds_native(self, layer: RecurrentLayer) -> bool:
+        return True
+
+
+NATIVE = NativeNodes()
+
+# ONNX RNN activations with an ONNX op of the same computation: name -> (op, the attributes it takes)
+_SAME_OP = {"Tanh": (), "Relu": (), "Sigmoid": (), "Softsign": (), "Softplus": (),
+            "LeakyRelu": ("alpha",), "Elu": ("alpha",), "ThresholdedRelu": ("alpha",),
+            "HardSigmoid": ("alpha", "beta")}
+_COMPOSED = {"Affine", "ScaledTanh"}  # alpha * x + beta; alpha * tanh(beta * x)
+
+
+@dataclass(frozen=True)
+class NodeInputs:
+    """The node's inputs a variant that builds it otherwise reads (the emitter knows their slots)."""
+
+    x: str  # [T, B, I]
+    sequence_lens: str = ""  # [B] int32, "" for none
+    initial_h: str = ""  # [directions, B, H], "" for zeros
+
+
+def _writable(activation: Activation) -> bool:
+    """Whether the Scan body can compute ``activation`` as the node does: its parameters given
+    (a node left to its defaults reads them as the runtime chooses)."""
+    if activation.name in _SAME_OP:
+        return all(getattr(activation, p) is not None for p in _SAME_OP[activation.name])
+    return activation.name in _COMPOSED and activation.alpha is not None and activation.beta is not None
+
+
+class ScanRNN(NativeNodes):
+    """Target "onnxruntime": a SimpleRNN's node as input MatMul + Scan; other kinds stay native."""
+
+    describe = "onnxruntime form: input MatMul + Scan (target onnxruntime)"
+
+    def builds_native(self, layer: RecurrentLayer) -> bool:
+        return layer.first.kind.onnx_op != "RNN" or not all(
+            _writable(a) for pass_ in layer.passes for a in pass_.activations)
+
+    def build(self, graph, layer: RecurrentLayer, inputs: list, named: NodeInputs, attributes: dict, name: str,
+              shapes: list, dtypes: list):
+        if self.builds_native(layer):
+            return super().build(graph, layer, inputs, named, attributes, name, shapes, dtypes)
+        recurrence = _Recurrence(graph, layer, named.x, named.sequence_lens, name, dtypes[0])
+        reverse = {"forward": [False], "reverse": [True], "bidirectional": [False, True]}[attributes["direction"]]
+        ys, hs, first = [], [], None
+        for index, backward in enumerate(reverse):
+            initial = named.initial_h and recurrence.builder.make_squeeze({"data": recurrence.builder.make_slice(
+                {"data": named.initial_h, "starts": [index], "ends": [index + 1], "axes": [0]}), "axes": [0]})
+            scan, y, h = recurrence.direction(layer.passes[index], backward, initial)
+            first = first or scan
+            ys.append(recurrence.unsqueeze(y, 1))
+            hs.append(recurrence.unsqueeze(h, 0))
+        y = ys[0] if len(ys) == 1 else graph.make_node("Concat", ys, attr={"axis": 1}).output[0]
+        h = hs[0] if len(hs) == 1 else graph.make_node("Concat", hs, attr={"axis": 0}).output[0]
+        return Built(first.name, (y, h), "Scan")
+
+
+class _Recurrence:
+    """The Scan form's pieces for one layer: what its directions share (X, the lengths' mask)."""
+
+    def __init__(self, graph, layer: RecurrentLayer, x: str, lengths: str, name: str, dtype: int):
+        self.graph, self.x, self.name, self.dtype = graph, x, name, dtype
+        self.np_dtype = np.dtype(layer.first.dtype)
+        self.hidden = layer.first.hidden_size
+        self.builder = GraphBuilder(graph)
+        self.lengths = lengths and graph.make_node("Cast", [lengths], attr={"to": TensorProto.INT64}).output[0]
+        self._mask: Optional[str] = None
+        self._zeros: Optional[str] = None
+
+    def const(self, suffix: str, value: np.ndarray) -> str:
+        return self.graph.make_const(utils.make_name(f"{self.name}_{suffix}"), value).output[0]
+
+    def unsqueeze(self, tensor: str, axis: int) -> str:
+        return self.builder.make_unsqueeze({"data": tensor, "axes": [axis]})
+
+    @property
+    def mask(self) -> str:
+        """[T, B, 1] bool: step t of row b is within the row's length."""
+        if self._mask is None:
+            steps = self.graph.make_node("Range", [self.const("zero", np.array(0, np.int64)), self.builder.make_squeeze(
+                {"data": self.builder.make_slice({"data": self.graph.make_node("Shape", [self.x]).output[0],
+                                                  "starts": [0], "ends": [1], "axes": [0]}), "axes": [0]}),
+                self.const("one", np.array(1, np.int64))]).output[0]
+            within = self.graph.make_node("Less", [self.unsqueeze(steps, 1), self.unsqueeze(self.lengths, 0)])
+            self._mask = self.unsqueeze(within.output[0], 2)
+        return self._mask
+
+    @property
+    def zeros(self) -> str:
+        """[B, H] zeros: the state a pass starts from when the model gives none."""
+        if self._zeros is None:
+            self._zeros = self._zeros_like_state()
+        return self._zeros
+
+    def _zeros_like_state(self) -> str:
+        batch = self.builder.make_slice({"data": self.graph.make_node("Shape", [self.x]).output[0],
+                                         "starts": [1], "ends": [2], "axes": [0]})
+        shape = self.graph.make_node("Concat", [batch, self.const("hidden", np.array([self.hidden], np.int64))],
+                                     attr={"axis": 0}).output[0]
+        return self.graph.make_node("ConstantOfShape", [shape], attr={
+            "value": numpy_helper.from_array(np.zeros(1, self.np_dtype))}).output[0]
+
+    def reversed_in_rows(self, sequence: str) -> str:
+        return self.graph.make_node("ReverseSequence", [sequence, self.lengths],
+                                    attr={"batch_axis": 1, "time_axis": 0}).output[0]
+
+    def direction(self, pass_, backward: bool, initial: str):
+        """One direction: (the Scan node, Y [T, B, H] in the time order of X, the final state [B, H])."""
+        hidden = self.hidden
+        projected = self.graph.make_node("MatMul", [self.x, self.const("W_T", pass_.W.T.astype(self.np_dtype))])
+        bias = (pass_.B[:hidden] + pass_.B[hidden:]).astype(self.np_dtype)
+        xw = self.graph.make_node("Add", [projected.output[0], self.const("bias", bias)]).output[0]
+        masked = bool(self.lengths)
+        if masked and backward:  # ONNX's reverse direction starts at each row's last step
+            xw = self.reversed_in_rows(xw)
+        scans = [xw] + ([self.mask] if masked else [])
+        directions = [int(backward and not masked)]
+        scan = self.graph.make_node(
+            "Scan", [initial or self.zeros] + scans, output_count=2, name=utils.make_name(self.name + "_scan"),
+            attr={"body": _body(pass_, self.np_dtype, masked), "num_scan_inputs": len(scans),
+                  "scan_input_directions": directions * len(scans), "scan_output_directions": directions},
+            shapes=[[-1, hidden], [-1, -1, hidden]], dtypes=[self.dtype] * 2)
+        h, y = scan.output
+        if masked:
+            y = self.reversed_in_rows(y) if backward else y
+            # a row of length 0 ends with zeros, as the node gives
+            nonempty = self.graph.make_node("Greater", [self.lengths, self.const("zero", np.array(0, np.int64))])
+            h = self.graph.make_node("Where", [self.unsqueeze(nonempty.output[0], 1), h,
+                                               self.const("zero_h", np.zeros((), self.np_dtype))]).output[0]
+        return scan, y, h
+
+
+def _body(pass_, dtype: np.dtype, masked: bool):
+    """The Scan body: (h, x W^T + b at step t[, within the length]) -> (the next h, the step's output)."""
+    elem = helper.np_dtype_to_tensor_dtype(dtype)
+    nodes = [helper.make_node("MatMul", ["h", "R_T"], ["hR"]), helper.make_node("Add", ["xw", "hR"], ["a"])]
+    nodes += _activation_nodes(pass_.activations[0], "a", "new_h", dtype)
+    inputs = [helper.make_tensor_value_info("h", elem, ["batch", pass_.hidden_size]),
+              helper.make_tensor_value_info("xw", elem, ["batch", pass_.hidden_size])]
+    initializers = [numpy_helper.from_array(pass_.R.T.astype(dtype), "R_T")]
+    if masked:
+        inputs.append(helper.make_tensor_value_info("within", TensorProto.BOOL, ["batch", 1]))
+        initializers.append(numpy_helper.from_array(np.zeros((), dtype), "zero"))
+        nodes += [helper.make_node("Where", ["within", "new_h", "h"], ["next_h"]),
+                  helper.make_node("Where", ["within", "new_h", "zero"], ["y"])]
+    else:
+        nodes += [helper.make_node("Identity", ["new_h"], ["next_h"]), helper.make_node("Identity", ["new_h"], ["y"])]
+    outputs = [helper.make_tensor_value_info(name, elem, ["batch", pass_.hidden_size]) for name in ("next_h", "y")]
+    return helper.make_graph(nodes, "rnn_step", inputs, outputs, initializer=initializers)
+
+
+def _activation_nodes(activation: Activation, x: str, out: str, dtype: np.dtype) -> list:
+    """The body's nodes computing ``out = activation(x)``, as ONNX's recurrent ops define it."""
+    name, alpha, beta = activation.name, activation.alpha, activation.beta
+    if name in _SAME_OP:
+        params = {p: float(getattr(activation, p)) for p in _SAME_OP[name]}
+        return [helper.make_node(name, [x], [out], **params)]
+    alpha_c, beta_c = (helper.make_node("Constant", [], [f"{out}_{p}"], value=numpy_helper.from_array(
+        np.array(v, dtype))) for p, v in (("alpha", alpha), ("beta", beta)))
+    if name == "Affine":  # alpha * x + beta
+        return [alpha_c, beta_c, helper.make_node("Mul", [x, f"{out}_alpha"], [f"{out}_scaled"]),
+                helper.make_node("Add", [f"{out}_scaled", f"{out}_beta"], [out])]
+    # ScaledTanh: alpha * tanh(beta * x)
+    return [alpha_c, beta_c, helper.make_node("Mul", [x, f"{out}_beta"], [f"{out}_in"]),
+            helper.make_node("Tanh", [f"{out}_in"], [f"{out}_tanh"]),
+            helper.make_node("Mul", [f"{out}_tanh", f"{out}_alpha"], [out])]
+
+
+def select_kernels(onnxruntime: bool = False) -> NativeNodes:
+    """What computes the recurrences of a conversion: native nodes, or with ``onnxruntime`` SimpleRNN's
+    as a Scan."""
+    return ScanRNN() if onnxruntime else NATIVE
