@@ -1,4 +1,5 @@
-"""The hand-built floor: Transpose -> one native LSTM/GRU/RNN node -> Transpose, nothing else.
+"""The hand-built floors: Transpose -> one native LSTM/GRU/RNN node -> Transpose, nothing else
+(:func:`build`), and SimpleRNN's as an input MatMul and a Scan (:func:`build_scan`).
 
 Weights are mapped from the Keras layer by the documented rules (ONNX gate order, kernels
 transposed, one Keras bias in Wb), independently of the converter, so the floor is also a
@@ -59,6 +60,85 @@ def build(op: str, directions: list, features: int, hidden: int, masked: bool,
         graph_inputs.append(helper.make_tensor_value_info("lengths", TensorProto.INT32, ["batch"]))
     graph = helper.make_graph(nodes, "minimal", graph_inputs,
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def build_scan(directions: list, features: int, hidden: int, masked: bool) -> onnx.ModelProto:
+    """SimpleRNN's floor in onnxruntime's fastest form: per direction, x W^T + b over every step as
+    one MatMul, then a Scan whose body is h R^T, an Add and a Tanh (with ``lengths``: steps past a
+    row's length keep h and give zeros, the backward direction reversed within each row's length).
+    ``directions``: (W, R, B) per direction, as :func:`onnx_weights` gives them for ``RNN``.
+    Output ``y`` [B, T, D*H]."""
+    f32 = TensorProto.FLOAT
+    nodes = [helper.make_node("Transpose", ["x"], ["x_tm"], perm=[1, 0, 2]),
+             helper.make_node("Shape", ["x"], ["x_shape"]),
+             helper.make_node("Gather", ["x_shape", "zero_i"], ["batch"], axis=0),
+             helper.make_node("Concat", ["batch", "hidden"], ["h0_shape"], axis=0),
+             helper.make_node("ConstantOfShape", ["h0_shape"], ["h0"])]
+    initializers = [helper.make_tensor("zero_i", TensorProto.INT64, [1], [0]),
+                    helper.make_tensor("hidden", TensorProto.INT64, [1], [hidden])]
+    if masked:
+        nodes += [helper.make_node("Gather", ["x_shape", "one_i"], ["time"], axis=0),
+                  helper.make_node("Squeeze", ["time"], ["time_s"]),
+                  helper.make_node("Range", ["zero_s", "time_s", "one_s"], ["steps"]),
+                  helper.make_node("Cast", ["lengths"], ["lengths64"], to=TensorProto.INT64),
+                  helper.make_node("Unsqueeze", ["steps", "one_i"], ["steps_col"]),
+                  helper.make_node("Unsqueeze", ["lengths64", "zero_i"], ["lengths_row"]),
+                  helper.make_node("Less", ["steps_col", "lengths_row"], ["within_tb"]),
+                  helper.make_node("Unsqueeze", ["within_tb", "two_i"], ["within"])]
+        initializers += [helper.make_tensor("one_i", TensorProto.INT64, [1], [1]),
+                         helper.make_tensor("two_i", TensorProto.INT64, [1], [2]),
+                         helper.make_tensor("zero_s", TensorProto.INT64, [], [0]),
+                         helper.make_tensor("one_s", TensorProto.INT64, [], [1])]
+    outputs = []
+    for index, (W, R, B) in enumerate(directions):
+        backward, d = index == 1, f"d{index}"
+        initializers += [helper.make_tensor(f"W_T_{d}", f32, W.T.shape, W.T.ravel()),
+                         helper.make_tensor(f"b_{d}", f32, [hidden], B[:hidden] + B[hidden:])]
+        nodes += [helper.make_node("MatMul", ["x_tm", f"W_T_{d}"], [f"xw_{d}"]),
+                  helper.make_node("Add", [f"xw_{d}", f"b_{d}"], [f"xwb_{d}"])]
+        scanned = f"xwb_{d}"
+        if masked and backward:
+            nodes.append(helper.make_node("ReverseSequence", [scanned, "lengths64"], [f"xwb_r_{d}"],
+                                          batch_axis=1, time_axis=0))
+            scanned = f"xwb_r_{d}"
+        body = [helper.make_node("MatMul", ["h", "R_T"], ["hr"]), helper.make_node("Add", ["xw_t", "hr"], ["a"]),
+                helper.make_node("Tanh", ["a"], ["h_new" if masked else "h_out"])]
+        body_inputs = [helper.make_tensor_value_info("h", f32, ["batch", hidden]),
+                       helper.make_tensor_value_info("xw_t", f32, ["batch", hidden])]
+        body_init = [helper.make_tensor("R_T", f32, R.T.shape, R.T.ravel())]
+        if masked:
+            body_inputs.append(helper.make_tensor_value_info("m", TensorProto.BOOL, ["batch", 1]))
+            body_init.append(helper.make_tensor("zero_f", f32, [], [0.0]))
+            body += [helper.make_node("Where", ["m", "h_new", "h"], ["h_out"]),
+                     helper.make_node("Where", ["m", "h_new", "zero_f"], ["y_t"])]
+        else:
+            body.append(helper.make_node("Identity", ["h_out"], ["y_t"]))
+        body_outputs = [helper.make_tensor_value_info(n, f32, ["batch", hidden]) for n in ("h_out", "y_t")]
+        body_graph = helper.make_graph(body, f"step_{d}", body_inputs, body_outputs, body_init)
+        reverse = int(backward and not masked)
+        scans = [scanned] + (["within"] if masked else [])
+        nodes.append(helper.make_node("Scan", ["h0"] + scans, [f"h_last_{d}", f"y_{d}"], body=body_graph,
+                                      num_scan_inputs=len(scans), scan_input_directions=[reverse] * len(scans),
+                                      scan_output_directions=[reverse]))
+        y = f"y_{d}"
+        if masked and backward:
+            nodes.append(helper.make_node("ReverseSequence", [y, "lengths64"], [f"y_r_{d}"], batch_axis=1,
+                                          time_axis=0))
+            y = f"y_r_{d}"
+        outputs.append(y)
+    if len(outputs) > 1:
+        nodes.append(helper.make_node("Concat", outputs, ["y_tm"], axis=2))
+    else:
+        nodes.append(helper.make_node("Identity", outputs, ["y_tm"]))
+    nodes.append(helper.make_node("Transpose", ["y_tm"], ["y"], perm=[1, 0, 2]))
+    graph_inputs = [helper.make_tensor_value_info("x", f32, ["batch", "time", features])]
+    if masked:
+        graph_inputs.append(helper.make_tensor_value_info("lengths", TensorProto.INT32, ["batch"]))
+    graph = helper.make_graph(nodes, "minimal_scan", graph_inputs, [helper.make_tensor_value_info("y", f32, None)],
+                              initializers)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     return model

@@ -10,7 +10,8 @@ For each case one Keras 3 model is converted by this package and by stock tf2onn
 (``from_keras``, opset 17), and a minimal ONNX graph is built by hand (Transpose -> the one
 native node -> Transpose, lengths fed directly when masked). The runners (ours, stock, minimal,
 TensorFlow's ``tf.function``; for masked cases also the ``assume_post_padded`` opt-in and the
-portable target; and, when OpenVINO is installed, ours, minimal and stock in OpenVINO's CPU
+portable target; for SimpleRNN also the onnxruntime target's form, input MatMul + Scan, against
+a hand-built floor of that form; and, when OpenVINO is installed, ours, minimal and stock in OpenVINO's CPU
 plugin) are timed in one process, interleaved round by round, onnxruntime, OpenVINO and
 TensorFlow each on one thread. Reported: medians and the ratios ours/minimal and stock/ours.
 Conversion time and peak memory are measured in child processes, one conversion each.
@@ -74,6 +75,7 @@ class Case:
 def all_cases() -> list:
     cases = [Case(kind, bi, masked, batch) for kind in KINDS.values() for bi in (False, True)
              for masked in (False, True) for batch in (1, 16)]
+    cases += [Case("SimpleRNN", bi, masked, 64) for bi in (False, True) for masked in (False, True)]
     cases += [Case(kind, False, True, batch, mask_input=True) for kind in ("LSTM", "GRU") for batch in (1, 16)]
     cases += [Case("LSTM", False, False, 1, time=1000), Case("GRU", False, True, 1, time=1000),
               Case("LSTM", False, False, 1, depth=4), Case("LSTM", False, False, 16, depth=4)]
@@ -135,6 +137,18 @@ def minimal_model(case: Case, model):
     return build(op, directions, FEATURES, case.hidden, case.masked)
 
 
+def minimal_scan_model(case: Case, model):
+    """SimpleRNN's floor in the form of the onnxruntime target (None for other kinds)."""
+    from minimal import build_scan, onnx_weights
+
+    if case.kind != "SimpleRNN" or case.depth != 1:
+        return None
+    layer = [layer for layer in model.layers if layer.weights][0]
+    cells = [layer.forward_layer, layer.backward_layer] if case.bidirectional else [layer]
+    directions = [onnx_weights("RNN", *[np.asarray(w) for w in cell.get_weights()]) for cell in cells]
+    return build_scan(directions, FEATURES, case.hidden, case.masked)
+
+
 def ort_session(model_proto):
     import onnxruntime as ort
 
@@ -158,11 +172,11 @@ def stock_convert(model):
     return model_proto
 
 
-def ours_convert(model, assume_post_padded: bool = False, portable: bool = False):
+def ours_convert(model, assume_post_padded: bool = False, portable: bool = False, onnxruntime: bool = False):
     from tf2onnx_rnn import convert_keras
 
-    return convert_keras(model, opset=17, assume_post_padded=assume_post_padded,
-                         target="portable" if portable else None)
+    targets = (["portable"] if portable else []) + (["onnxruntime"] if onnxruntime else [])
+    return convert_keras(model, opset=17, assume_post_padded=assume_post_padded, target=targets or None)
 
 
 def openvino_available() -> bool:
@@ -244,6 +258,13 @@ def time_case(case: Case, rounds: int, block: float) -> dict:
     if minimal is not None:
         minimal_session = ort_session(minimal)
         runners["minimal"] = lambda: minimal_session.run(None, minimal_feeds)
+    if case.kind == "SimpleRNN":  # the onnxruntime target's form, and its own floor
+        ort_form_session = ort_session(ours_convert(model, onnxruntime=True))
+        runners["ours_ort"] = lambda: ort_form_session.run(None, feeds)
+        scan_floor = minimal_scan_model(case, model)
+        if scan_floor is not None:
+            scan_floor_session = ort_session(scan_floor)
+            runners["minimal_scan"] = lambda: scan_floor_session.run(None, minimal_feeds)
     openvino_failures = {}
     if openvino_available():
         # masked: the portable form, exact in OpenVINO (see the module's docstring)
@@ -262,7 +283,10 @@ def time_case(case: Case, rounds: int, block: float) -> dict:
 
     expected = np.asarray(model(keras_inputs, training=False))
     errors = {name: float(np.max(np.abs(runners[name]()[0] - expected)))
-              for name in ("ours", "ours_post", "portable", "stock", "ours_ov", "stock_ov") if name in runners}
+              for name in ("ours", "ours_post", "portable", "ours_ort", "stock", "ours_ov", "stock_ov")
+              if name in runners}
+    if "minimal_scan" in runners and not case.masked:  # a floor that is wrong would measure nothing
+        errors["minimal_scan"] = float(np.max(np.abs(runners["minimal_scan"]()[0] - expected)))
     samples = {name: [] for name in runners}
     for _ in range(rounds):  # interleaved: every runner once per round
         for name, run in runners.items():
@@ -343,6 +367,20 @@ def table(results: Results) -> str:
         stock_kind = "Loop" if row["stock_ops"]["loops"] else "native"
         cells.append(f"{row['ours_ops']['nodes']}/{row['stock_ops']['nodes']} ({stock_kind})")
         lines.append("| " + " | ".join(cells) + " |")
+    if any("ours_ort" in row["ms"] for row in results.cases):
+        lines += ["", "SimpleRNN per form in onnxruntime: the native RNN node (the default) and the onnxruntime "
+                  "target's input MatMul + Scan, each against its hand-built floor and stock tf2onnx:", "",
+                  "| case | native ms | onnxruntime form ms | stock ms | native/node floor | "
+                  "onnxruntime form/Scan floor | stock/native | stock/onnxruntime form |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for row in results.cases:
+            ms = row["ms"]
+            if "ours_ort" not in ms:
+                continue
+            ratios = (ratio(ms["ours"], ms.get("minimal")), ratio(ms["ours_ort"], ms.get("minimal_scan")),
+                      ratio(ms["stock"], ms["ours"]), ratio(ms["stock"], ms["ours_ort"]))
+            lines.append("| " + " | ".join([row["case"], f"{ms['ours']:.3f}", f"{ms['ours_ort']:.3f}",
+                                             f"{ms['stock']:.3f}"] + [f"{r:.2f}" if r else "-" for r in ratios]) + " |")
     if any("ours_ov" in row["ms"] for row in results.cases):
         lines += ["", "OpenVINO CPU (1 thread, f32; masked cases: the portable form):", "",
                   "| case | ours ms | minimal ms | stock ms | ours/minimal | stock/ours | ours max abs error |",
@@ -398,14 +436,16 @@ def write(results: Results, out: str) -> None:
         writer = csv.writer(stream)
         writer.writerow(["case", "ours_ms", "ours_post_padded_ms", "portable_ms", "minimal_ms", "stock_ms",
                          "tensorflow_ms", "ours_over_minimal", "stock_over_ours", "ours_nodes", "stock_nodes",
-                         "stock_loops", "openvino_ours_ms", "openvino_minimal_ms", "openvino_stock_ms"])
+                         "stock_loops", "openvino_ours_ms", "openvino_minimal_ms", "openvino_stock_ms",
+                         "onnxruntime_form_ms", "minimal_scan_ms"])
         for row in results.cases:
             ms = row["ms"]
             writer.writerow([row["case"], ms["ours"], ms.get("ours_post", ""), ms.get("portable", ""),
                              ms.get("minimal", ""), ms["stock"], ms["tensorflow"],
                              ratio(ms["ours"], ms.get("minimal")) or "", ratio(ms["stock"], ms["ours"]),
                              row["ours_ops"]["nodes"], row["stock_ops"]["nodes"], row["stock_ops"]["loops"],
-                             ms.get("ours_ov", ""), ms.get("minimal_ov", ""), ms.get("stock_ov", "")])
+                             ms.get("ours_ov", ""), ms.get("minimal_ov", ""), ms.get("stock_ov", ""),
+                             ms.get("ours_ort", ""), ms.get("minimal_scan", "")])
     with open(os.path.join(out, "benchmark.md"), "w") as stream:
         stream.write(table(results) + "\n")
     plot(results, os.path.join(out, "benchmark.png"))
