@@ -67,8 +67,8 @@ def build(op: str, directions: list, features: int, hidden: int, masked: bool,
 
 def build_scan(directions: list, features: int, hidden: int, masked: bool) -> onnx.ModelProto:
     """SimpleRNN's floor in onnxruntime's fastest form: per direction, x W^T + b over every step as
-    one MatMul, then a Scan whose body is h R^T, an Add and a Tanh (with ``lengths``: steps past a
-    row's length keep h and give zeros, the backward direction reversed within each row's length).
+    one MatMul, then a Scan whose body is h R^T, an Add and a Tanh (with ``lengths``: outputs past a
+    row's length zeroed after the Scan, the backward direction reversed within each row's length).
     ``directions``: (W, R, B) per direction, as :func:`onnx_weights` gives them for ``RNN``.
     Output ``y`` [B, T, D*H]."""
     f32 = TensorProto.FLOAT
@@ -91,7 +91,8 @@ def build_scan(directions: list, features: int, hidden: int, masked: bool) -> on
         initializers += [helper.make_tensor("one_i", TensorProto.INT64, [1], [1]),
                          helper.make_tensor("two_i", TensorProto.INT64, [1], [2]),
                          helper.make_tensor("zero_s", TensorProto.INT64, [], [0]),
-                         helper.make_tensor("one_s", TensorProto.INT64, [], [1])]
+                         helper.make_tensor("one_s", TensorProto.INT64, [], [1]),
+                         helper.make_tensor("zero_f", f32, [], [0.0])]
     outputs = []
     for index, (W, R, B) in enumerate(directions):
         backward, d = index == 1, f"d{index}"
@@ -105,24 +106,18 @@ def build_scan(directions: list, features: int, hidden: int, masked: bool) -> on
                                           batch_axis=1, time_axis=0))
             scanned = f"xwb_r_{d}"
         body = [helper.make_node("MatMul", ["h", "R_T"], ["hr"]), helper.make_node("Add", ["xw_t", "hr"], ["a"]),
-                helper.make_node("Tanh", ["a"], ["h_new" if masked else "h_out"])]
+                helper.make_node("Tanh", ["a"], ["h_out"]), helper.make_node("Identity", ["h_out"], ["y_t"])]
         body_inputs = [helper.make_tensor_value_info("h", f32, ["batch", hidden]),
                        helper.make_tensor_value_info("xw_t", f32, ["batch", hidden])]
-        body_init = [helper.make_tensor("R_T", f32, R.T.shape, R.T.ravel())]
-        if masked:
-            body_inputs.append(helper.make_tensor_value_info("m", TensorProto.BOOL, ["batch", 1]))
-            body_init.append(helper.make_tensor("zero_f", f32, [], [0.0]))
-            body += [helper.make_node("Where", ["m", "h_new", "h"], ["h_out"]),
-                     helper.make_node("Where", ["m", "h_new", "zero_f"], ["y_t"])]
-        else:
-            body.append(helper.make_node("Identity", ["h_out"], ["y_t"]))
         body_outputs = [helper.make_tensor_value_info(n, f32, ["batch", hidden]) for n in ("h_out", "y_t")]
-        body_graph = helper.make_graph(body, f"step_{d}", body_inputs, body_outputs, body_init)
+        body_graph = helper.make_graph(body, f"step_{d}", body_inputs, body_outputs,
+                                       [helper.make_tensor("R_T", f32, R.T.shape, R.T.ravel())])
         reverse = int(backward and not masked)
-        scans = [scanned] + (["within"] if masked else [])
-        nodes.append(helper.make_node("Scan", ["h0"] + scans, [f"h_last_{d}", f"y_{d}"], body=body_graph,
-                                      num_scan_inputs=len(scans), scan_input_directions=[reverse] * len(scans),
+        nodes.append(helper.make_node("Scan", ["h0", scanned], [f"h_last_{d}", f"y_all_{d}"], body=body_graph,
+                                      num_scan_inputs=1, scan_input_directions=[reverse],
                                       scan_output_directions=[reverse]))
+        nodes.append(helper.make_node("Where", ["within", f"y_all_{d}", "zero_f"], [f"y_{d}"]) if masked
+                     else helper.make_node("Identity", [f"y_all_{d}"], [f"y_{d}"]))
         y = f"y_{d}"
         if masked and backward:
             nodes.append(helper.make_node("ReverseSequence", [y, "lengths64"], [f"y_r_{d}"], batch_axis=1,

@@ -5,11 +5,11 @@ hands the variant the node it would build (op, input slots filled, attributes); 
 returns something with that node's outputs. :data:`NATIVE` builds the node itself.
 :class:`ScanRNN` (target "onnxruntime") builds ONNX's ``RNN`` out of its definition instead: the
 input projection as one MatMul over every step, then a ``Scan`` whose body is the recurrent
-product, the bias-free addition and the activation. onnxruntime's RNN kernel applies its
-activation one value at a time, which makes it slower than its own Loop at batch 16 and beyond;
-the Scan's ops are vectorised (benchmarks/results/benchmark.md). Its outputs are the node's,
-``sequence_lens`` included (steps past a row's length give zeros and carry the state), so every
-mask form and state wiring works unchanged. Other consumers (OpenVINO, tract, onnx2torch, the
+product, an Add and the activation. onnxruntime's RNN kernel applies its activation one value at
+a time, which puts it behind stock tf2onnx's Loop from batch 16 on; the Scan's ops are vectorised
+(docs/performance.md). Its outputs are the node's, ``sequence_lens`` included (outputs past a
+row's length are zeros, the final state is the one at its last step within it), so every mask
+form and state wiring works unchanged. Other consumers (OpenVINO, tract, onnx2torch, the
 training kernels) want the native node: they get it without the target.
 """
 from __future__ import annotations
@@ -116,6 +116,7 @@ class _Recurrence:
         self.lengths = lengths and graph.make_node("Cast", [lengths], attr={"to": TensorProto.INT64}).output[0]
         self._mask: Optional[str] = None
         self._zeros: Optional[str] = None
+        self._last_steps: Optional[str] = None
 
     def const(self, suffix: str, value: np.ndarray) -> str:
         return self.graph.make_const(utils.make_name(f"{self.name}_{suffix}"), value).output[0]
@@ -155,49 +156,59 @@ class _Recurrence:
                                     attr={"batch_axis": 1, "time_axis": 0}).output[0]
 
     def direction(self, pass_, backward: bool, initial: str):
-        """One direction: (the Scan node, Y [T, B, H] in the time order of X, the final state [B, H])."""
+        """One direction: (the Scan node, Y [T, B, H] in the time order of X, the final state [B, H]).
+
+        With lengths the Scan still runs over every step, unmasked (per step, a mask costs more than the
+        step at batch 1); what ONNX defines is then taken from its outputs: each row's outputs up to its
+        length (zeros after), and the state at its last step within it (zeros for an empty row). The
+        reverse direction runs forward over each row's steps reversed within its length."""
         hidden = self.hidden
         projected = self.graph.make_node("MatMul", [self.x, self.const("W_T", pass_.W.T.astype(self.np_dtype))])
         bias = (pass_.B[:hidden] + pass_.B[hidden:]).astype(self.np_dtype)
         xw = self.graph.make_node("Add", [projected.output[0], self.const("bias", bias)]).output[0]
         masked = bool(self.lengths)
-        if masked and backward:  # ONNX's reverse direction starts at each row's last step
+        if masked and backward:
             xw = self.reversed_in_rows(xw)
-        scans = [xw] + ([self.mask] if masked else [])
-        directions = [int(backward and not masked)]
+        reverse = [int(backward and not masked)]
         scan = self.graph.make_node(
-            "Scan", [initial or self.zeros] + scans, output_count=2, name=utils.make_name(self.name + "_scan"),
-            attr={"body": _body(pass_, self.np_dtype, masked), "num_scan_inputs": len(scans),
-                  "scan_input_directions": directions * len(scans), "scan_output_directions": directions},
+            "Scan", [initial or self.zeros, xw], output_count=2, name=utils.make_name(self.name + "_scan"),
+            attr={"body": _body(pass_, self.np_dtype), "num_scan_inputs": 1, "scan_input_directions": reverse,
+                  "scan_output_directions": reverse},
             shapes=[[-1, hidden], [-1, -1, hidden]], dtypes=[self.dtype] * 2)
         h, y = scan.output
         if masked:
+            zero = self.const("zero_h", np.zeros((), self.np_dtype))
+            y = self.graph.make_node("Where", [self.mask, y, zero]).output[0]
+            h = self.graph.make_node("GatherND", [y, self.last_steps]).output[0]
             y = self.reversed_in_rows(y) if backward else y
-            # a row of length 0 ends with zeros, as the node gives
-            nonempty = self.graph.make_node("Greater", [self.lengths, self.const("zero", np.array(0, np.int64))])
-            h = self.graph.make_node("Where", [self.unsqueeze(nonempty.output[0], 1), h,
-                                               self.const("zero_h", np.zeros((), self.np_dtype))]).output[0]
         return scan, y, h
 
+    @property
+    def last_steps(self) -> str:
+        """[B, 2]: (each row's last step within its length, or 0 for an empty row; the row)."""
+        if self._last_steps is None:
+            last = self.graph.make_node("Sub", [self.lengths, self.const("one", np.array(1, np.int64))]).output[0]
+            last = self.graph.make_node("Max", [last, self.const("zero", np.array(0, np.int64))]).output[0]
+            rows = self.graph.make_node("Range", [self.const("zero", np.array(0, np.int64)), self.builder.make_squeeze(
+                {"data": self.graph.make_node("Shape", [self.lengths]).output[0], "axes": [0]}),
+                self.const("one", np.array(1, np.int64))]).output[0]
+            self._last_steps = self.graph.make_node("Concat", [self.unsqueeze(last, 1), self.unsqueeze(rows, 1)],
+                                                    attr={"axis": 1}).output[0]
+        return self._last_steps
 
-def _body(pass_, dtype: np.dtype, masked: bool):
-    """The Scan body: (h, x W^T + b at step t[, within the length]) -> (the next h, the step's output)."""
+
+def _body(pass_, dtype: np.dtype):
+    """The Scan body: (h, x W^T + b at step t) -> (the next h, the step's output: the same)."""
     elem = helper.np_dtype_to_tensor_dtype(dtype)
     nodes = [helper.make_node("MatMul", ["h", "R_T"], ["hR"]), helper.make_node("Add", ["xw", "hR"], ["a"])]
-    # unmasked, the activation gives the next h itself (one copy of it fewer per step: 0.8x at batch 1)
-    nodes += _activation_nodes(pass_.activations[0], "a", "new_h" if masked else "next_h", dtype)
+    # the activation gives the next h itself, the step's output is its copy (one copy per step, not two)
+    nodes += _activation_nodes(pass_.activations[0], "a", "next_h", dtype)
+    nodes.append(helper.make_node("Identity", ["next_h"], ["y"]))
     inputs = [helper.make_tensor_value_info("h", elem, ["batch", pass_.hidden_size]),
               helper.make_tensor_value_info("xw", elem, ["batch", pass_.hidden_size])]
-    initializers = [numpy_helper.from_array(pass_.R.T.astype(dtype), "R_T")]
-    if masked:
-        inputs.append(helper.make_tensor_value_info("within", TensorProto.BOOL, ["batch", 1]))
-        initializers.append(numpy_helper.from_array(np.zeros((), dtype), "zero"))
-        nodes += [helper.make_node("Where", ["within", "new_h", "h"], ["next_h"]),
-                  helper.make_node("Where", ["within", "new_h", "zero"], ["y"])]
-    else:
-        nodes.append(helper.make_node("Identity", ["next_h"], ["y"]))
     outputs = [helper.make_tensor_value_info(name, elem, ["batch", pass_.hidden_size]) for name in ("next_h", "y")]
-    return helper.make_graph(nodes, "rnn_step", inputs, outputs, initializer=initializers)
+    return helper.make_graph(nodes, "rnn_step", inputs, outputs,
+                             initializer=[numpy_helper.from_array(pass_.R.T.astype(dtype), "R_T")])
 
 
 def _activation_nodes(activation: Activation, x: str, out: str, dtype: np.dtype) -> list:
