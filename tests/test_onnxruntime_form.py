@@ -167,3 +167,15 @@ def test_the_target_is_known_and_excludes_training():
     assert not options.Options.of(target=["portable"]).onnxruntime
     with pytest.raises(ConversionError, match="exclude each other"):
         options.Options.of(target=[TARGET, "training"])
+
+
+def test_the_default_reports_point_simple_rnn_users_to_the_target():
+    """The default form's table says, once, that onnxruntime runs SimpleRNN faster with the target;
+    neither the target's table nor a model without SimpleRNN says it."""
+    flavor = parity.FLAVORS[0]
+    _, default, proto = converted(flavor, CASES[0])
+    hint = "--target onnxruntime"
+    assert report_of(default).table().count(hint) == 1, report_of(default).table()
+    assert hint not in report_of(proto).table()
+    lstm = next(c for c in parity.cases() if c.kind == "LSTM")
+    assert hint not in report_of(parity.converted(flavor, lstm).proto).table()
