@@ -1,5 +1,5 @@
 """Hand-written recurrent cells for ``RNN(cell)``: near-misses of LSTM, GRU and SimpleRNN (cells that
-resemble a standard one but compute another function) and two standard formulas written by hand.
+resemble a standard one but compute another function) and three standard formulas written by hand.
 Shared by the near-miss tests and the fuzz. Each cell is written once, against the Keras module
 ``K`` (Keras 3 or tf_keras); :func:`cell_layer` makes it a ``K.layers.Layer``.
 """
@@ -70,6 +70,11 @@ def _pre(o, w, x, h):
 
 def _standard_simple(o, w, x, states):
     h = o.tanh(_pre(o, w, x, states[0]))
+    return h, [h]
+
+
+def _standard_linear(o, w, x, states):
+    h = o.matmul(x, w["kernel"]) + o.matmul(states[0], w["recurrent_kernel"])
     return h, [h]
 
 
@@ -209,6 +214,9 @@ CELLS = (
          what="tanh(x W + h U + b), SimpleRNNCell by hand"),
     Cell("standard_gru", "GRU", _gru_weights, _standard_gru, standard="GRU",
          what="Keras's GRU formula by hand, reset_after=True"),
+    Cell("standard_linear", "SimpleRNN", lambda f, u: {"kernel": (f, u), "recurrent_kernel": (u, u)}, _standard_linear,
+         standard="RNN", what="x W + h U, no bias and no activation: SimpleRNN(activation='linear', use_bias=False) "
+         "by hand, ONNX's RNN with the identity Affine(alpha=1, beta=0)"),
     Cell("scaled_state", "SimpleRNN", _simple_weights, _scaled_state, what="tanh(x W + h U + b) * 1.5"),
     Cell("half_tanh", "SimpleRNN", _simple_weights, _half_tanh, what="0.5 * tanh(x W + h U + b)"),
     Cell("bias_after_activation", "SimpleRNN", lambda f, u: {**_simple_weights(f, u), "after": (u,)},

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from onnx import helper
 
 import helpers
 import parity
@@ -116,3 +117,64 @@ def test_a_bfloat16_loop_onnxruntime_cannot_load_is_a_clear_error_not_a_file(fla
     with pytest.raises(tf2onnx_rnn.ConversionError, match="bfloat16") as raised:
         converted_with_policy(flavor, "mixed_bfloat16")
     assert "\n" not in str(raised.value).strip(), str(raised.value)
+
+
+# -- sequences of integers or bools --------------------------------------------------------------
+# Keras 3 takes a sequence of integers (or bools) and casts each step to the layer's type inside the
+# loop (or in each unrolled step); tf_keras and Keras 2 refuse one (their cell multiplies the step as is)
+NON_FLOAT_FLAVORS = [f for f in parity.FLAVORS if f == "keras3"]
+NON_FLOAT_TYPES = ("int32", "int64", "uint8", "bool")
+FORMS = ("loop", "unrolled")
+UNROLLED_TIME = 5  # unroll=True needs a known number of steps
+_NON_FLOAT: dict = {}
+
+
+def converted_non_float(flavor: str, dtype: str, form: str):
+    """LSTM, GRU, SimpleRNN and a Bidirectional LSTM side by side on one ``dtype`` input, each
+    returning its sequence; built and converted once."""
+    key = (flavor, dtype, form)
+    if key not in _NON_FLOAT:
+        K = parity.keras_module(flavor)
+        unroll = form == "unrolled"
+        x = K.Input((UNROLLED_TIME if unroll else None, 3), name="x", dtype=dtype)
+        outputs = [K.layers.LSTM(4, return_sequences=True, unroll=unroll, name="lstm")(x),
+                   K.layers.GRU(3, return_sequences=True, unroll=unroll, name="gru")(x),
+                   K.layers.SimpleRNN(2, return_sequences=True, unroll=unroll, name="simple_rnn")(x),
+                   K.layers.Bidirectional(K.layers.LSTM(2, return_sequences=True, unroll=unroll),
+                                          name="bidirectional")(x)]
+        model = K.Model(x, outputs)
+        parity.randomize_weights(model, 23)
+        _NON_FLOAT[key] = (model, tf2onnx_rnn.convert_keras(model))
+    return _NON_FLOAT[key]
+
+
+def non_float_steps(dtype: str, batch: int, time: int) -> np.ndarray:
+    """Small integers (non-negative for uint8), or random bools, as ``dtype``."""
+    rng = np.random.default_rng(batch * 10 + time)
+    low = 0 if dtype in ("uint8", "bool") else -3
+    return rng.integers(low, 2 if dtype == "bool" else 4, (batch, time, 3)).astype(dtype)
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("dtype", NON_FLOAT_TYPES)
+@pytest.mark.parametrize("flavor", NON_FLOAT_FLAVORS)
+def test_a_sequence_of_integers_or_bools_becomes_native_nodes_over_its_cast(flavor, dtype, form):
+    """Each step cast to the layer's type is the step for the matchers: every layer becomes its native
+    node (the Bidirectional one node), which takes the sequence cast once before it; the model still
+    takes the integer (or bool) input, and gives Keras's outputs at batch 1 and 3."""
+    model, model_proto = converted_non_float(flavor, dtype, form)
+    report = tf2onnx_rnn.report_of(model_proto)
+    assert sorted(row.became for row in report.outcomes) == ["GRU", "LSTM", "LSTM", "LSTM", "RNN"], report.table()
+    assert not helpers.nodes_of_types(model_proto, helpers.LOOP_OPS), report.table()
+    ops = helpers.op_counts(model_proto)
+    assert (ops["LSTM"], ops["GRU"], ops["RNN"], ops["MatMul"]) == (2, 1, 1, 0), dict(ops)
+    (graph_input,) = model_proto.graph.input
+    assert graph_input.type.tensor_type.elem_type == helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    session = helpers.ort_session(model_proto)
+    for batch, time in ((1, UNROLLED_TIME), (3, UNROLLED_TIME)) if form == "unrolled" else ((1, 6), (3, 7)):
+        x = non_float_steps(dtype, batch, time)
+        expected = parity.keras_outputs(model, [x])
+        actual = parity.run_onnx(session, ["x"], [x])
+        problems, _ = parity.output_problems(f"{dtype} batch {batch}", [o.name for o in model_proto.graph.output],
+                                             expected, actual, 1e-5)
+        assert not problems, "\n".join(problems) + "\n" + report.table()

@@ -40,7 +40,9 @@ LSTM/GRU/RNN, the layer kind's op) or a Loop with a non-empty reason; each layer
 per direction; each layer whose activations ONNX can express is fused, each ``selu`` layer stays
 a Loop, and a model without ``selu`` has no Loop/Scan anywhere (with ``selu``: one Loop node per
 kept entry, no Scan); and onnxruntime matches ``model(inputs, training=False)`` on every output
-within 1e-4 (absolute; NaN fails).
+within 1e-4 + 1e-5 x |Keras's value| (numpy's allclose with its default rtol: relu layers may grow to
+1e9, where float32 itself rounds by more than 1e-4; NaN fails). An example whose Keras output is not
+finite (float32 overflows in Keras itself) is rejected: there is nothing to compare with.
 Not failed but counted (hypothesis events, the log): "structure notes", where an exact, fused
 conversion uses more native nodes than the README's one node per layer (a Bidirectional layer
 as two one-direction nodes). A failure would stop a long run at the first such note.
@@ -70,8 +72,9 @@ from typing import Optional
 
 import numpy as np
 import onnx
-from hypothesis import HealthCheck, Phase, event, given, note, seed, settings
+from hypothesis import HealthCheck, Phase, event, given, note, reject, seed, settings
 from hypothesis import strategies as st
+from hypothesis.errors import UnsatisfiedAssumption
 
 import cells
 import helpers
@@ -80,6 +83,7 @@ from helpers import KINDS, SCOPE_NAME, STATE_COUNT
 
 TOLERANCE = 1e-4
 FLOAT16_TOLERANCE = 3e-2  # mixed_float16: the layers compute in float16
+RELATIVE = 1e-5  # and a fraction of Keras's value beside it (numpy's default rtol): float32's rounding of large values
 WEIGHT_SCALE = 0.3
 EXAMPLES = int(os.environ.get("TF2ONNX_RNN_FUZZ_EXAMPLES", "12"))
 SEED = os.environ.get("TF2ONNX_RNN_FUZZ_SEED", "").strip()
@@ -156,10 +160,15 @@ class ModelSpec:
             return "kept"  # onnxruntime's recurrent kernels do not run float64
         if layer.near_miss:
             return "either"
-        if layer.unroll and self.fixed_time == 2 and self.fixed_batch is not None:
-            # two steps, the first folded with its constant zero states: nothing left to compare it with
+        if self.two_folded_steps(layer):
             return "either" if layer.expressible else "kept"
         return "fused" if layer.expressible else "kept"
+
+    def two_folded_steps(self, layer: LayerSpec) -> bool:
+        """Two unrolled steps at a fixed batch, the first folded with its constant zero states: nothing is
+        left to compare it with. The layer may stay for that reason, whatever its type (a float64 layer's
+        reason then says so, not its type)."""
+        return layer.unroll and self.fixed_time == 2 and self.fixed_batch is not None
 
     @property
     def tolerance(self) -> float:
@@ -462,7 +471,8 @@ def structure_problems(spec: ModelSpec, proto: onnx.ModelProto) -> tuple:
             fused = [o.layer for o in entries if o.fused]
             if fused:
                 problems.append(f"{name} ({spec.dtype}, {ls.activation}) must stay as it is but was fused: {fused}")
-            if spec.dtype == "float64" and not all("float64" in o.reason for o in entries):
+            named = all("float64" in o.reason for o in entries)
+            if spec.dtype == "float64" and not named and not spec.two_folded_steps(ls):
                 reasons = [o.reason for o in entries]
                 problems.append(f"{name}: a float64 layer's reason does not name the type: {reasons}")
 
@@ -492,9 +502,12 @@ def parity_problems(spec: ModelSpec, model, proto: onnx.ModelProto, rounds) -> t
         label = f"round {index} (batch {rnd.batch}, time {rnd.time}, rows {rnd.rows})"
         arrays = make_feeds(spec, rnd)
         expected = parity.keras_outputs(model, arrays)
+        if not all(np.all(np.isfinite(value)) for value in expected):
+            # Keras's own values overflow (relu layers that grow without bound): nothing to compare with
+            reject()
         actual = parity.run_onnx(session, spec.input_names(), arrays)
         found, error = parity.output_problems(label, [o.name for o in proto.graph.output], expected, actual,
-                                              spec.tolerance)
+                                              spec.tolerance, relative=RELATIVE)
         problems += found
         worst = max(worst, error) if error == error else float("nan")
     return problems, worst
@@ -527,6 +540,9 @@ def check_example(flavor: str, example: Example) -> dict:
             raise AssertionError(f"{flavor} {example}:\n- " + "\n- ".join(problems) + "\n"
                                  + parity.report_table(proto))
         record["ok"] = True
+    except UnsatisfiedAssumption:
+        record["rejected"] = True
+        raise
     except Exception as error:
         record["error"] = f"{type(error).__name__}: {str(error)[:2000]}"
         raise

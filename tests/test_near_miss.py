@@ -6,9 +6,11 @@ return_sequences=True)`` with random weights (biases included), as a while-loop 
 (``unroll=True``: a chain of steps the unrolled reader reads with the same matchers). Converted with ``convert_keras``,
 every cell must run in onnxruntime within 1e-5 of ``model(x, training=False)``; its report row is
 either a native node (which then matched Keras, so it is the same function, for example
-``0.5 * tanh`` as ONNX ``ScaledTanh``) or tf2onnx's exact ``Loop`` with a reason. Two cells are the
-standard ones written by hand (a simple ``tanh`` cell and Keras's ``reset_after=True`` GRU): they
-must be fused, so the test shows the matchers tell the two apart, not that they refuse custom cells.
+``0.5 * tanh`` as ONNX ``ScaledTanh``) or tf2onnx's exact ``Loop`` with a reason. Three cells are
+standard ones written by hand (a simple ``tanh`` cell, Keras's ``reset_after=True`` GRU, and
+``x W + h U`` with no bias and no activation, which is ``SimpleRNN(activation="linear",
+use_bias=False)``, ONNX's RNN with the identity ``Affine(alpha=1, beta=0)``): they must be fused, so
+the test shows the matchers tell the two apart, not that they refuse custom cells.
 
 Activations are identified by their values on probe points, so three cells differ from a standard
 activation only far from zero (``clip(v, -20, 20)`` is the identity, ``min(relu(v), 30)`` is relu
@@ -23,6 +25,8 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
+import onnx
+import onnx.numpy_helper
 import pytest
 
 import helpers
@@ -145,3 +149,20 @@ def test_hand_written_standard_cell_is_fused(flavor, cell, form):
     if cell.standard == "GRU":
         (node,) = helpers.nodes_of_types(entry.proto, {"GRU"})
         assert helpers.attribute(node, "linear_before_reset") == 1
+
+
+@pytest.mark.parametrize("flavor, form", [pytest.param(flavor, form, id=f"{form}-{flavor}")
+                                          for form in FORMS for flavor in parity.FLAVORS])
+def test_hand_written_linear_cell_is_an_rnn_with_the_identity_written_out(flavor, form):
+    """``x W + h U`` (no bias, no activation) is the function of ONNX's RNN with ``Affine(alpha=1,
+    beta=0)`` and zero biases, so it is fused. The node writes alpha and beta out: onnxruntime does not
+    take the spec's defaults for them (an ``Affine`` without them outputs zeros there)."""
+    cell = next(c for c in STANDARD if c.name == "standard_linear")
+    entry = result(flavor, cell, form)
+    assert _row(flavor, cell, form).became == "RNN"
+    (node,) = helpers.nodes_of_types(entry.proto, {"RNN"})
+    written = [helpers.attribute(node, name) for name in ("activations", "activation_alpha", "activation_beta")]
+    assert written == [[b"Affine"], [1.0], [0.0]], written
+    if len(node.input) > 3 and node.input[3]:  # B, where the node has one: zeros
+        initializers = {i.name: onnx.numpy_helper.to_array(i) for i in entry.proto.graph.initializer}
+        assert node.input[3] in initializers and not np.any(initializers[node.input[3]]), "a bias appeared"

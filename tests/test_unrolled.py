@@ -29,6 +29,8 @@ import pytest
 
 import helpers
 import parity
+from cells import STANDARD, cell_layer
+from cells import UNITS as CELL_UNITS
 
 FEATURES, UNITS = 3, 4
 TOLERANCE = 1e-5
@@ -205,6 +207,46 @@ def test_fixed_batch_of_one(flavor):
         problems, _ = parity.output_problems(f"row {row}", [o.name for o in proto.graph.output], expected, actual,
                                              TOLERANCE)
         assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("given_states", [False, True], ids=["zero-states", "given-states"])
+@pytest.mark.parametrize("batch_size", [1, 3])
+@pytest.mark.parametrize("flavor", parity.FLAVORS)
+@pytest.mark.parametrize("cell", STANDARD, ids=[c.name for c in STANDARD])
+def test_a_hand_written_cell_whose_steps_tensorflow_folded_at_a_fixed_batch(cell, flavor, batch_size, given_states):
+    """A hand-written standard cell (``tanh(x W + h U + b)``: the bias added last) at a fixed batch, with
+    one feature and a Dense after it (the fuzz's find): TensorFlow folds ``x W + h U`` into one Gemm, the
+    bias added after it, which belongs to the pre-activation, not to the activation (a constant per
+    unit); and, given its initial states, folds the first step's ``h0 U + b`` into one Gemm instead, so
+    that step is no copy of the others and is checked on its values from the states it reads (not from
+    zeros). Either way the layer becomes its native node, exact, at batch 1 and 3."""
+    import tensorflow as tf
+
+    from tf2onnx_rnn import convert_keras, report_of
+
+    K = parity.keras_module(flavor)
+    time, features, count = 6, 1, cell.states if given_states else 0
+    x = K.Input((time, features), name="x")
+    states = [K.Input((CELL_UNITS,), name=f"init_{i}") for i in range(count)]
+    layer = K.layers.RNN(cell_layer(K, cell, CELL_UNITS), unroll=True, return_sequences=True, name=cell.layer_name)
+    sequence = layer(x, initial_state=states) if states else layer(x)
+    model = K.Model([x] + states if states else x, K.layers.Dense(2, name="dense")(sequence))
+    parity.randomize_weights(model, zlib.crc32(f"{flavor}/{cell.name}/{batch_size}/{count}".encode()))
+    signature = [tf.TensorSpec((batch_size, time, features), tf.float32, name="x")] + [
+        tf.TensorSpec((batch_size, CELL_UNITS), tf.float32, name=f"init_{i}") for i in range(count)]
+    proto = convert_keras(model, input_signature=signature)
+    table = parity.report_table(proto)
+    assert [(r.became, r.unrolled) for r in report_of(proto).outcomes] == [(cell.standard, time)], table
+    ops = helpers.op_counts(proto)
+    # one MatMul, the Dense's: no step of the cell is left
+    assert (ops["MatMul"], ops["Gemm"]) == (1, 0) and not any(ops[o] for o in helpers.LOOP_OPS), dict(ops)
+    rng = np.random.default_rng(batch_size)
+    arrays = [rng.standard_normal((batch_size, time, features)).astype(np.float32)] + [
+        rng.standard_normal((batch_size, CELL_UNITS)).astype(np.float32) for _ in states]
+    expected = parity.keras_outputs(model, arrays)
+    actual = parity.run_onnx(helpers.ort_session(proto), ["x"] + [f"init_{i}" for i in range(count)], arrays)
+    problems, _ = parity.output_problems(cell.name, [o.name for o in proto.graph.output], expected, actual, TOLERANCE)
+    assert not problems, "\n".join(problems) + "\n" + table
 
 
 @pytest.mark.parametrize("broken", ["finding", "setup"])

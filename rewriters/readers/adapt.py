@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Optional
 
 import numpy as np
+from onnx import TensorProto, helper
 
 from ..cells.evaluate import NotEvaluable, evaluate
 from ..description import BodyMatch, Direction, MaskedOutput, Masking, NoMatch, Pass, Wiring, require
@@ -43,6 +44,26 @@ def mask_wiring(graph, masking: Optional[Masking], mask: Optional[str], mask_unr
     require(len(graph.get_shape(mask) or []) in (2, 3), "the mask's rank is unknown", where)
     return dict(mask=mask, mask_unreversed=mask_unreversed, mask_source=mask_source(graph, mask),
                 masked_output=masking.output)
+
+
+def in_type(graph, sequence: Optional[str], dtype) -> Optional[str]:
+    """``sequence`` as the node takes it: in the layer's element type ``dtype`` (a numpy type). A
+    sequence of another type (integers a Keras 3 layer casts step by step inside its loop, the cast
+    step being x_t for the matchers) is cast once, before the node: by a Cast of it the graph
+    already has, else by a new one."""
+    target = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    if sequence is None or graph.get_dtype(sequence) in (None, TensorProto.UNDEFINED, target):
+        return sequence
+    for consumer in graph.find_output_consumers(sequence):
+        if consumer.type == "Cast" and consumer.get_attr_value("to") == target:
+            return consumer.output[0]
+    return graph.make_node("Cast", [sequence], attr={"to": target}, shapes=[graph.get_shape(sequence)],
+                           dtypes=[target]).output[0]
+
+
+def inputs_in_type(graph, x: str, x_unreversed: Optional[str], dtype) -> dict:
+    """A pass's ``x`` and ``x_unreversed`` (:class:`Wiring` fields) as its node takes them (:func:`in_type`)."""
+    return dict(x=in_type(graph, x, dtype), x_unreversed=in_type(graph, x_unreversed, dtype))
 
 
 def require_not_graph_outputs(graph, replaced, where: str) -> None:
@@ -100,11 +121,12 @@ def build_pass(graph, loop, match: BodyMatch, name: str, others: frozenset = fro
     direction = Direction.FORWARD if x_unreversed is None else Direction.BACKWARD
     outputs = _outputs(graph, loop, match, others, masks.get("lengths"))
     starts = {slot: loop.input[slot] for _, slot in match.states}
+    weights = gate_weights(match, slot_values(graph, loop), loop.name)
     return Pass(loop=loop.name, name=name, kind=match.kind, direction=direction,
                 activations=match.activations, attributes=match.attributes, note=match.note,
-                wiring=Wiring(x=x, x_unreversed=x_unreversed, **initial_states(graph, match, starts),
-                              **outputs, **masks),
-                **gate_weights(match, slot_values(graph, loop), loop.name))
+                wiring=Wiring(**inputs_in_type(graph, x, x_unreversed, weights["dtype"]),
+                              **initial_states(graph, match, starts), **outputs, **masks),
+                **weights)
 
 
 def check_assumed(match: BodyMatch, values, where: str) -> None:

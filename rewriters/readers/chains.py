@@ -17,6 +17,7 @@ from onnx import TensorProto
 
 from ..cells.evaluate import NotEvaluable, evaluate
 from .adapt import is_constant, time_major
+from .skeleton import cast_step
 
 NO_STEP = -1  # the label of what depends on no step's input (weights, initial states)
 # ops that carry a state into the next step's pre-activations without reading the step's input (a Mul
@@ -44,18 +45,17 @@ class Chain:
 
 
 def find_chains(graph) -> list:
-    """Every float ``Unpack`` along the time axis of a rank-3 tensor whose steps each feed a product
-    (directly, or joined with the state first, as TF1's cells do): the candidates a recurrent
-    layer's unrolling leaves. Keras unstacks a time-major input (axis 0); a TF1 ``static_rnn`` is
-    given the steps of a batch-major one (axis 1), which the chain reads transposed. Whether a
-    candidate is recurrent at all is :func:`is_recurrent`'s question."""
+    """Every ``Unpack`` along the time axis of a rank-3 tensor whose steps each feed a product
+    (directly, or joined with the state first, as TF1's cells do; a step of another type than the
+    layer's, cast to a float type first): the candidates a recurrent layer's unrolling leaves. Keras
+    unstacks a time-major input (axis 0); a TF1 ``static_rnn`` is given the steps of a batch-major one
+    (axis 1), which the chain reads transposed. Whether a candidate is recurrent at all is
+    :func:`is_recurrent`'s question."""
     chains = []
     unpacks = [n for n in graph.get_nodes() if n.type == "Unpack" and int(n.get_attr_value("axis", 0)) in (0, 1)]
     for node in unpacks:
         shape = graph.get_shape(node.input[0]) or []
-        if len(shape) != 3 or graph.get_dtype(node.output[0]) == TensorProto.BOOL:
-            continue
-        if not all(_feeds_a_product(graph, t) for t in node.output):
+        if len(shape) != 3 or not all(_feeds_a_product(graph, t) for t in node.output):
             continue
         outputs = tuple(node.output)
         backward = len(outputs) > 1 and len(descendants(graph, [outputs[-1]])) > len(descendants(graph, [outputs[0]]))
@@ -67,7 +67,7 @@ def find_chains(graph) -> list:
 
 
 def _feeds_a_product(graph, tensor: str) -> bool:
-    consumers = graph.find_output_consumers(tensor)
+    consumers = graph.find_output_consumers(cast_step(graph, tensor))
     return any(c.type in _PRODUCTS for c in consumers) or any(
         c.type in ("ConcatV2", "Concat") and any(p.type in _PRODUCTS for p in graph.find_output_consumers(c.output[0]))
         for c in consumers)
@@ -83,7 +83,8 @@ def _with_mask(graph, chain: Chain, unpacks: list) -> Chain:
     if chain.length > 1:
         first -= descendants(graph, [chain.steps[1]])
     for node in unpacks:
-        if graph.get_dtype(node.output[0]) != TensorProto.BOOL or len(node.output) != chain.length:
+        if graph.get_dtype(node.output[0]) != TensorProto.BOOL or len(node.output) != chain.length \
+                or node.name == chain.unpack:
             continue
         masks = tuple(reversed(node.output)) if chain.backward else tuple(node.output)
         if descendants(graph, [masks[0]], depth=4) & first:
@@ -177,7 +178,7 @@ def projections(graph, labels: Labels, k: int) -> set:
         node = graph.get_node_by_output(tensor)
         if node is None or node.name in found or node.type not in _PROJECTIONS:
             continue
-        varying = [t for t in node.input if not _static(graph, labels, t)]
+        varying = [t for t in node.input if not is_static(graph, labels, t)]
         if len(varying) != 1 or labels.tensor(varying[0]) != k - 1 or varying[0] in labels.roots:
             continue
         if node.type == "Mul" and not all(_ones(graph, t) for t in node.input if t != varying[0]):
@@ -187,7 +188,7 @@ def projections(graph, labels: Labels, k: int) -> set:
     return found
 
 
-def _static(graph, labels: Labels, tensor: str) -> bool:
+def is_static(graph, labels: Labels, tensor: str) -> bool:
     """Whether ``tensor`` depends on no step and is computed from constants (a weight, a folded bias)."""
     if labels.tensor(tensor) != NO_STEP:
         return False

@@ -64,16 +64,37 @@ def time_index(view: BodyView, indices, where: str) -> tuple:
 
 def sequences(view: BodyView, reads) -> tuple:
     """((input slot, x_t), (mask slot, mask_t)) from the (sequence, read value) pairs of a body: one
-    float sequence, and at most one bool sequence, the mask ((None, None) when there is none)."""
+    input sequence, and at most one bool sequence, the mask ((None, None) when there is none). A bool
+    sequence is the mask, unless the loop reads no other and casts its steps to a float type (a layer
+    fed bools). ``x_t`` is the step as the cell reads it (:func:`cast_step`)."""
     values, masks = [], []
     for sequence, value in reads:
         slot = view.slot_of(sequence)
         require(slot is not None, "a sequence read comes from inside the loop", value)
         dtype = view.graph.get_dtype(value)
-        (masks if dtype == TensorProto.BOOL else values).append((slot, value))  # a bool sequence is the mask
-    require(len(values) == 1, f"the loop reads {len(values)} float sequences, a recurrent layer reads one")
+        (masks if dtype == TensorProto.BOOL else values).append((slot, value))
+    if not values:
+        values = [(slot, value) for slot, value in masks if cast_step(view.graph, value) != value]
+        masks = [read for read in masks if read not in values]
+    require(len(values) == 1, f"the loop reads {len(values)} input sequences, a recurrent layer reads one")
     require(len(masks) <= 1, "the loop reads more than one mask")
-    return values[0], (masks[0] if masks else (None, None))
+    (input_slot, x_t), = values
+    return (input_slot, cast_step(view.graph, x_t)), (masks[0] if masks else (None, None))
+
+
+FLOAT_TYPES = frozenset({TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE})
+
+
+def cast_step(graph, value: str) -> str:
+    """The step of a sequence as the cell reads it: ``value``, or the one float type every use of it
+    casts it to (Keras 3 casts each step of a sequence of another type, integers say, to the layer's
+    type, inside its loop or in each unrolled step). The cast step is x_t for the matchers; the pass
+    then reads the sequence cast once, before the node (:func:`.adapt.in_type`)."""
+    uses = graph.find_output_consumers(value)
+    targets = {use.get_attr_value("to") for use in uses if use.type == "Cast"}
+    if not uses or len(targets) != 1 or any(use.type != "Cast" for use in uses) or not targets <= FLOAT_TYPES:
+        return value
+    return uses[0].output[0]
 
 
 def carried(view: BodyView, skip) -> tuple:

@@ -10,6 +10,7 @@ only a step whose every value agrees is accepted.
 """
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from typing import Optional, Sequence
 
@@ -19,7 +20,7 @@ from ..cells.activations import function_of
 from ..cells.evaluate import NotEvaluable, evaluate
 from ..description import BodyMatch, NoMatch, StateRole, require
 from .adapt import gate_weights
-from .chains import STACKS, Chain, Labels
+from .chains import NO_STEP, STACKS, Chain, Labels, is_static
 from .steps import Template
 
 _PROBE_ROUNDS = (1.0, 3.0)  # scales of the random inputs a step is checked on
@@ -93,19 +94,72 @@ class _Probe:
             np.all(np.abs(actual - value) <= self.tolerance * (1 + np.abs(value))))
 
 
-def first_step_from_zero(graph, chain: Chain, match: BodyMatch, leaves: Sequence[str], differs: NoMatch) -> None:
-    """Check that the first step's values (``leaves``, per state slot) are the matched cell applied
-    to zero states. :class:`NoMatch` (``differs``'s reason) unless every value agrees."""
+def first_step_start(graph, chain: Chain, labels: Labels, match: BodyMatch, leaves: Sequence[str],
+                     differs: NoMatch) -> dict:
+    """What a first step TensorFlow rearranged (no copy of the template) starts from, per state slot
+    (None: zeros), checked on its values (``leaves``: what it leaves, per state slot): zero states
+    folded into it (a fixed batch), or given initial states read through ops folded with its own (at a
+    fixed batch, ``h0 @ R + b`` as one Gemm). Each tensor from outside the chain the step reads is
+    followed back through ops of one varying input: the nearest tensors from which the step computes
+    the cell are its starts. :class:`NoMatch` (``differs``'s reason) unless there are such."""
     require(match.kind.step is not None, f"{differs.reason}, and the {match.kind.keras_name} cell gives no step "
             "equation to check it against", differs.node)
     probe = _Probe(graph, chain, match, 0)
-    for bindings, expected in probe.rounds([None] * len(leaves)):
+    problems = []
+    for starts in _candidate_starts(graph, labels, len(leaves)):
+        problem = _start_problem(probe, leaves, starts)
+        if problem is None:
+            return dict(enumerate(starts))
+        problems.append(problem)
+    raise NoMatch(f"{differs.reason}, and {problems[0]}", differs.node)
+
+
+_START_DEPTH = 3  # ops of one varying input a given state may pass through before the first step reads it
+
+
+def _candidate_starts(graph, labels: Labels, slots: int):
+    """Starts per state slot (None: zeros) a rearranged first step may have, nearest first: every way of
+    placing the outside tensors it reads (each followed back) on distinct slots, then zeros everywhere."""
+    reads = sorted({t for node in labels.step(0) for t in node.input
+                    if labels.tensor(t) == NO_STEP and not is_static(graph, labels, t)})
+    if reads and len(reads) <= slots:
+        for chosen in itertools.product(*(_traced_back(graph, labels, t) for t in reads)):
+            for placed in itertools.permutations(range(slots), len(reads)):
+                starts = [None] * slots
+                for tensor, slot in zip(chosen, placed):
+                    starts[slot] = tensor
+                yield tuple(starts)
+    yield (None,) * slots
+
+
+def _traced_back(graph, labels: Labels, tensor: str) -> list:
+    """``tensor`` and what it is computed from through ops of one varying input (a state's projection
+    folded with its bias), nearest first."""
+    found = [tensor]
+    for _ in range(_START_DEPTH):
+        node = graph.get_node_by_output(tensor)
+        if node is None or node.is_graph_input() or node.is_const():
+            break
+        varying = [t for t in node.input if not is_static(graph, labels, t)]
+        if len(varying) != 1:
+            break
+        tensor = varying[0]
+        found.append(tensor)
+    return found
+
+
+def _start_problem(probe: "_Probe", leaves: Sequence[str], starts: Sequence[Optional[str]]) -> Optional[str]:
+    """Why the step's values (``leaves``, per slot) are not the cell's from ``starts``; None when they are."""
+    what = "zero states" if not any(starts) else "the states it reads"
+    for bindings, expected in probe.rounds(starts):
         for slot, leaf in enumerate(leaves):
             try:
                 close = probe.close(leaf, bindings, expected[slot])
             except (NotEvaluable, ValueError) as error:
-                raise NoMatch(f"{differs.reason}, and its values cannot be checked: {error}", differs.node) from error
-            require(close, f"{differs.reason}, and it does not compute the cell from zero states", leaf)
+                return f"its values cannot be checked: {error}"
+            if not close:
+                return f"it does not compute the cell from {what}"
+    return None
 
 
 def rearranged_last_step(graph, chain: Chain, labels: Labels, match: BodyMatch, template: Template,

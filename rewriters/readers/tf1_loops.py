@@ -27,14 +27,15 @@ from .adapt import (
     check_assumed,
     gate_weights,
     initial_states,
+    inputs_in_type,
     lengths_wiring,
     output_wiring,
     per_row_reversal,
     reversals,
     state_output,
 )
+from .skeleton import cast_step, unmask, unmask_lengths
 from .skeleton import read_skeleton as read_list_skeleton
-from .skeleton import unmask, unmask_lengths
 
 LOOP_OPS = ("Scan", "Loop")
 
@@ -111,7 +112,8 @@ def read_skeleton(view: BodyView, node) -> Skeleton:
             state_inputs[slot], state_outputs[slot] = inp, out
     time = [t for t in counters if any(c.type == "GreaterEqual" for c in view.consumers(t))]
     return Skeleton(input_slot=states, output_slot=states, output_every_step=True, mask_slot=None,
-                    x_t=view.inputs[states], mask_t=None, y_t=view.resolve(view.outputs[states]),
+                    x_t=cast_step(view.graph, view.inputs[states]), mask_t=None,
+                    y_t=view.resolve(view.outputs[states]),
                     state_inputs=state_inputs, state_outputs=state_outputs, constant_slots=frozenset(constant),
                     time_input=(time or counters or [""])[0])
 
@@ -155,12 +157,14 @@ def build_pass(graph, node, match: BodyMatch, name: str, others: frozenset = fro
             states.append(state_output(node, match, state_slots, slot, tensor))
     require(x_unreversed is None or not sequence, "a backward pass's outputs are used in step order", loop)
     starts = {slot: node.input[slot] for _, slot in match.states}
+    weights = gate_weights(match, _no_values, loop)
     return Pass(loop=loop, name=name, kind=match.kind,
                 direction=Direction.FORWARD if x_unreversed is None else Direction.BACKWARD,
                 activations=match.activations, attributes=match.attributes, note=match.note,
-                wiring=Wiring(x=x, x_unreversed=x_unreversed, **initial_states(graph, match, starts),
+                wiring=Wiring(**inputs_in_type(graph, x, x_unreversed, weights["dtype"]),
+                              **initial_states(graph, match, starts),
                               **output_wiring(graph, node, sequence, reversed_, [], states), **masks),
-                **gate_weights(match, _no_values, loop))
+                **weights)
 
 
 def _no_values(slot: int):

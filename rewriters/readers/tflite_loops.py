@@ -23,6 +23,7 @@ from .adapt import (
     constant_list,
     gate_weights,
     initial_states,
+    inputs_in_type,
     loop_mask,
     output_wiring,
     reversals,
@@ -89,11 +90,13 @@ def build_pass(graph, loop, match: BodyMatch, name: str) -> Pass:
     x, x_unreversed = _sequence_source(graph, loop.input[match.input_slot])
     direction = Direction.FORWARD if x_unreversed is None else Direction.BACKWARD
     starts = {slot: loop.input[slot] for _, slot in match.states}
+    weights = gate_weights(match, slot_values(graph, loop), loop.name)
     return Pass(loop=loop.name, name=name, kind=match.kind, direction=direction,
                 activations=match.activations, attributes=match.attributes, note=match.note,
-                wiring=Wiring(x=x, x_unreversed=x_unreversed, **initial_states(graph, match, starts),
-                              **_outputs(graph, loop, match), **_mask(graph, loop, match, direction)),
-                **gate_weights(match, slot_values(graph, loop), loop.name))
+                wiring=Wiring(**inputs_in_type(graph, x, x_unreversed, weights["dtype"]),
+                              **initial_states(graph, match, starts), **_outputs(graph, loop, match),
+                              **_mask(graph, loop, match, direction)),
+                **weights)
 
 
 def _sequence_source(graph, tensor: str) -> tuple:

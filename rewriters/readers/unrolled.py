@@ -18,10 +18,10 @@ from typing import Callable, Optional, Sequence
 
 from ..cells.body import BodyView
 from ..description import BodyMatch, Direction, NoMatch, Pass, StackMatch, StateRole, Wiring, require
-from .adapt import gate_weights, initial_states, is_zero, mask_wiring, require_not_graph_outputs, reversals
+from .adapt import gate_weights, in_type, initial_states, is_zero, mask_wiring, require_not_graph_outputs, reversals
 from .chains import NO_STEP, STACKS, Chain, Labels, projections, topological
-from .skeleton import Skeleton, unmask
-from .step_values import first_step_from_zero, no_loop_values, rearranged_last_step
+from .skeleton import Skeleton, cast_step, unmask
+from .step_values import first_step_start, no_loop_values, rearranged_last_step
 from .steps import ZERO_MAKERS, Mode, StepMap, Template, identity_map
 
 _VARYING = -1  # a StepView "slot" for the step's input and mask: not constant, not a state
@@ -64,7 +64,7 @@ def read_chain(graph, chain: Chain, match_cell: MatchCell) -> ChainReading:
     template = _template(graph, chain, labels, first)
     maps, leaves = _map_later_steps(chain, template, first)
     match = _match_template(graph, chain, template, first, leaves, match_cell)
-    initial = _initial(graph, chain, template, match, maps, leaves) if first == 1 \
+    initial = _initial(graph, chain, labels, template, match, maps, leaves) if first == 1 \
         else dict(enumerate(template.state_inputs))
     for _, slot in match.states:  # a state starts from zeros or what the model gives, not from the steps
         start = initial[slot]
@@ -163,16 +163,18 @@ def _from_mask(graph, tensor: str, mask_t: Optional[str]) -> bool:
     return True
 
 
-def _initial(graph, chain: Chain, template: Template, match: BodyMatch, maps: dict, leaves: list) -> dict:
+def _initial(graph, chain: Chain, labels: Labels, template: Template, match: BodyMatch, maps: dict,
+             leaves: list) -> dict:
     """What the first step (before the template) starts from, per state slot (None: zeros), with the
-    first step mapped into ``maps``. A first step TensorFlow folded with constant zero states (a fixed
-    batch) is no copy of the template: it is accepted when it computes the cell from zero states."""
+    first step mapped into ``maps``. A first step TensorFlow folded at a fixed batch (with constant zero
+    states, or with the given states' products) is no copy of the template: it is accepted when it
+    computes the cell, from what it starts from (:func:`.step_values.first_step_start`)."""
     try:
         maps[0] = template.map(chain.steps[0], _step_mask(chain, 0), Mode.RECORD)
     except NoMatch as differs:
-        first_step_from_zero(graph, chain, match, template.state_inputs, differs)
+        starts = first_step_start(graph, chain, labels, match, template.state_inputs, differs)
         maps[0] = StepMap(tensors={leaf: t for t, leaf in zip(template.state_inputs, leaves)})
-        return {slot: None for slot in range(len(leaves))}
+        return starts
     template.taken |= set(maps[0].images)
     for t, leaf in zip(template.state_inputs, leaves):
         require(maps[0].tensors.get(leaf) == t, "the first unrolled step does not lead into the second", t)
@@ -183,7 +185,7 @@ def _match_template(graph, chain: Chain, template: Template, first: int, leaves:
                     match_cell: MatchCell) -> BodyMatch:
     """The cell the template step computes, read by the cell matchers as a loop body would be:
     its states are the slots, what it leaves their updates; each leaf in turn is tried as the output."""
-    x_t, mask_t = chain.steps[first], _step_mask(chain, first)
+    x_t, mask_t = cast_step(graph, chain.steps[first]), _step_mask(chain, first)
     view = StepView(graph, template.state_inputs, [t for t in (x_t, mask_t) if t])
     inputs = dict(enumerate(template.state_inputs))
     outputs = dict(enumerate(leaves))
@@ -220,13 +222,15 @@ def chain_pass(graph, chain: Chain, reading: ChainReading, name: str) -> Pass:
     match, backward = reading.match, chain.backward
     masking = match.masking
     start = None if masking is None else reading.initial[masking.output_slot]
-    wiring = Wiring(x=chain.x, x_unreversed=chain.x if backward else None, reverse_x=backward,
+    weights = gate_weights(match, no_loop_values(chain), chain.unpack)
+    x = in_type(graph, chain.x, weights["dtype"])
+    wiring = Wiring(x=x, x_unreversed=x if backward else None, reverse_x=backward,
                     **initial_states(graph, match, reading.initial), **_outputs(graph, chain, reading),
                     **mask_wiring(graph, masking, chain.mask, chain.mask if backward else None, start, chain.unpack))
     return Pass(loop=chain.unpack, name=name, kind=match.kind,
                 direction=Direction.BACKWARD if backward else Direction.FORWARD,
                 activations=match.activations, attributes=match.attributes, unrolled=chain.length, wiring=wiring,
-                **gate_weights(match, no_loop_values(chain), chain.unpack))
+                **weights)
 
 
 def _outputs(graph, chain: Chain, reading: ChainReading) -> dict:
