@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections import Counter
 
 import numpy as np
+import onnx
 import pytest
 
 import helpers
@@ -179,3 +180,25 @@ def test_the_default_reports_point_simple_rnn_users_to_the_target():
     assert hint not in report_of(proto).table()
     lstm = next(c for c in parity.cases() if c.kind == "LSTM")
     assert hint not in report_of(parity.converted(flavor, lstm).proto).table()
+
+
+def test_command_line_target_onnxruntime(tmp_path, capfd):
+    """``--target onnxruntime`` on the command line: the written model computes its masked SimpleRNN as a
+    Scan, the printed report says so, and it matches Keras on pre-padded, holed and empty rows."""
+    from tf2onnx_rnn import convert as cli
+
+    K = parity.keras_module(parity.FLAVORS[0])
+    x = K.Input((None, 3), name="x")
+    model = K.Model(x, K.layers.SimpleRNN(4, go_backwards=True)(K.layers.Masking(0.0)(x)))
+    parity.randomize_weights(model, 17)
+    source, output = tmp_path / "rnn.keras", tmp_path / "rnn.onnx"
+    model.save(str(source))
+    assert cli.main(["--keras", str(source), "--output", str(output), "--target", TARGET]) == 0
+    out, err = capfd.readouterr()
+    assert FORM in out and not [line for line in err.splitlines() if line.startswith("error:")], err
+    proto = onnx.load(str(output))
+    assert Counter(helpers.op_types(proto))["Scan"] == 1 and not helpers.nodes_of_types(proto, helpers.RECURRENT_OPS)
+    batch = np.random.default_rng(5).standard_normal((4, 7, 3)).astype(np.float32)
+    batch *= masking.mask_batch(["pre", "holed", "empty", "full"], 7)[:, :, None]
+    (got,) = helpers.ort_session(proto).run(None, {"x": batch})
+    np.testing.assert_allclose(got, np.asarray(model(batch, training=False)), rtol=0, atol=1e-5)
