@@ -18,11 +18,12 @@ from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
 from tf2onnx import utils
 from tf2onnx.graph_builder import GraphBuilder
 
 from ..description import Activation, RecurrentLayer
+from .mask_tensors import LengthTensors
 
 ONNXRUNTIME = "onnxruntime"  # the target that selects :class:`ScanRNN`
 
@@ -113,7 +114,9 @@ class _Recurrence:
         self.np_dtype = np.dtype(layer.first.dtype)
         self.hidden = layer.first.hidden_size
         self.builder = GraphBuilder(graph)
-        self.lengths = lengths and graph.make_node("Cast", [lengths], attr={"to": TensorProto.INT64}).output[0]
+        # the mask arithmetic of a layer masked past each row's length, built where used
+        self.length_tensors = LengthTensors(graph, lengths, x, self.np_dtype) if lengths else None
+        self.lengths = self.length_tensors.counts if lengths else ""  # [B] int64
         self._mask: Optional[str] = None
         self._zeros: Optional[str] = None
         self._last_steps: Optional[str] = None
@@ -128,12 +131,7 @@ class _Recurrence:
     def mask(self) -> str:
         """[T, B, 1] bool: step t of row b is within the row's length."""
         if self._mask is None:
-            steps = self.graph.make_node("Range", [self.const("zero", np.array(0, np.int64)), self.builder.make_squeeze(
-                {"data": self.builder.make_slice({"data": self.graph.make_node("Shape", [self.x]).output[0],
-                                                  "starts": [0], "ends": [1], "axes": [0]}), "axes": [0]}),
-                self.const("one", np.array(1, np.int64))]).output[0]
-            within = self.graph.make_node("Less", [self.unsqueeze(steps, 1), self.unsqueeze(self.lengths, 0)])
-            self._mask = self.unsqueeze(within.output[0], 2)
+            self._mask = self.unsqueeze(self.length_tensors.bool, 2)
         return self._mask
 
     @property
