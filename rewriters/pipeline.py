@@ -48,13 +48,14 @@ def make_rewriter(findings: Findings, layer_of: Optional[Callable[[str], Optiona
                   allowed: Approximations = Approximations()) -> Optional["RecurrentRewriter"]:
     """The rewriter for one conversion, with its variants chosen once: how masked layers are emitted
     (:func:`.mask_forms.select_masks` from ``portable``, ``post_padded`` and ``training``) and how states meet the
-    model (:func:`.states.select_states` from ``streaming``), and what computes a recurrence
+    model (:func:`.states.select_states` from ``streaming`` and ``portable``), and what computes a recurrence
     (:func:`.kernels.select_kernels` from ``onnxruntime``). ``fused_ops``: a TFLite file's fused
     recurrent ops, node name -> its :class:`.description.FusedLayout`. None when it cannot even be built (an
     internal error, noted in ``findings.setup_error`` so that every recurrent loop's row can say so)."""
     try:
         return RecurrentRewriter(Rows(findings), layer_of, select_masks(portable, post_padded, training),
-                                 select_states(streaming), fused_ops, allowed, select_kernels(onnxruntime))
+                                 select_states(streaming, portable and not training), fused_ops, allowed,
+                                 select_kernels(onnxruntime))
     except Exception as error:  # noqa: BLE001 - the conversion goes on without fusing
         findings.setup_error = f"internal error while setting up the rewriter: {_describe(error)}"
         logger.warning("recurrent layers stay Loops: %s", findings.setup_error, exc_info=True)

@@ -138,7 +138,8 @@ def consumer_problems(proto: onnx.ModelProto) -> list:
 def structure_problems(case: Case, form: str, proto: onnx.ModelProto) -> list:
     """What the form promises of the graph: fused, no ``sequence_lens`` (the matrix's forms have
     none: masked models are portable), one-direction nodes running forward in the portable form,
-    and nothing a consumer reads otherwise than ONNX."""
+    every initial state given there (tract builds absent ones wrongly), and nothing a consumer reads
+    otherwise than ONNX."""
     nodes = helpers.nodes_of_types(proto, helpers.RECURRENT_OPS)
     problems = []
     if helpers.nodes_of_types(proto, helpers.LOOP_OPS) or not nodes:
@@ -148,5 +149,9 @@ def structure_problems(case: Case, form: str, proto: onnx.ModelProto) -> list:
     if form == PORTABLE:
         if any(helpers.direction_of(n) != "forward" for n in nodes if not case.bidirectional):
             problems.append("a portable one-direction node does not run forward")
+        for node in nodes:
+            states = list(node.input[5:7 if node.op_type == "LSTM" else 6])
+            if len(states) != (2 if node.op_type == "LSTM" else 1) or not all(states):
+                problems.append(f"a portable node does not take every initial state: {list(node.input)}")
         problems += consumer_problems(proto)
     return problems

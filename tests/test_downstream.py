@@ -15,11 +15,14 @@ What each runtime needs, and why the portable target exists:
   ``sequence_lens``) is refused with "Non constant seq_len is not supported". tract also runs a
   ``direction="reverse"`` node forward (it takes the direction from W's number of directions), so
   an unmasked go_backwards layer is exact there only in the portable form, whose nodes all run
-  forward. tract needs the batch size fixed (``set_input_fact``): with no initial state given its
-  recurrent ops build the zero state from the batch size, and a symbolic one aborts the process
-  (a Rust panic, ``UndeterminedSymbol``). A masked model needs the time length fixed too (tract's
-  TopK evaluates its k, the sequence length, without the run's symbol values); unmasked models
-  run with a symbolic time length.
+  forward. With no initial state given, tract's recurrent ops build the zero state themselves:
+  a symbolic batch size then aborts the process (a Rust panic, ``UndeterminedSymbol``) and an LSTM
+  whose sequence and final states are all outputs stops ("Clashing resolution for expression").
+  The portable form gives every node its zero states explicitly: an unmasked model runs there with
+  a symbolic batch size. Otherwise the input's shape is fixed (``set_input_fact``): tract's TopK
+  evaluates its k, the sequence length, without the run's symbol values, its Mul of the mask
+  arithmetic meets an undetermined batch while decluttering, and it reads a time reversal (a
+  Slice with step -1 to the far end) of a symbolic time length as 2**62 steps.
 - OpenVINO's CPU plugin keeps a recurrent node with a dynamic input shape as its fused sequence
   kernel, which ignores ``sequence_lens`` (its ``RNN::isSupportedOperation`` returns early for
   dynamic shapes; with static shapes it decomposes the node into a loop that honours them). The
@@ -88,10 +91,12 @@ def run_openvino(path: str, x: np.ndarray, static: bool = False) -> list:
     return [np.asarray(result[output]) for output in compiled.outputs]
 
 
-def run_tract(path: str, x: np.ndarray) -> list:
-    """tract with the input's shape fixed (see the module's docstring)."""
+def run_tract(path: str, x: np.ndarray, batch: bool = True, time: bool = True) -> list:
+    """tract with the input's batch size and time length fixed, or left symbolic where ``batch`` or
+    ``time`` is False (see the module's docstring)."""
     model = tract.onnx().load(path)
-    model.set_input_fact(0, ",".join(str(d) for d in x.shape) + ",f32")
+    dims = [str(x.shape[0]) if batch else "B", str(x.shape[1]) if time else "T", str(x.shape[2])]
+    model.set_input_fact(0, ",".join(dims) + ",f32")
     return [tensor.to_numpy() for tensor in model.into_model().into_runnable().run([x])]
 
 
@@ -120,9 +125,9 @@ def test_runs_downstream(case: Case, form: str, downstream_dir):
     reference = run_onnxruntime(entry.proto, entry.x)
     problems += problems_of("onnxruntime", entry.expected, reference, TOLERANCE)
     runtimes = [("OpenVINO", lambda: run_openvino(entry.path, entry.x))]
-    if case in TRACT_FAILS:
-        pass  # test_tract_fails_on_an_lstm_returning_its_states
-    elif form == PORTABLE or not has_reverse_node(entry.proto):
+    if form == PORTABLE:  # an unmasked model with a symbolic batch size
+        runtimes.append(("tract", lambda: run_tract(entry.path, entry.x, batch=case.masked)))
+    elif case not in TRACT_FAILS and not has_reverse_node(entry.proto):
         runtimes.append(("tract", lambda: run_tract(entry.path, entry.x)))
     for name, run in runtimes:
         try:
@@ -142,17 +147,20 @@ def test_runs_downstream(case: Case, form: str, downstream_dir):
     assert not problems, f"{case.id}:\n- " + "\n- ".join(problems)
 
 
-# tract stops running an LSTM node whose final states are outputs of the model, in either form
+# tract stops running an LSTM node whose sequence and final states are outputs of the model when
+# its initial states are absent, as in the default form (the portable form gives them)
 TRACT_FAILS = (Case("LSTM", False, False, STATES),)
 
 
-@pytest.mark.parametrize("form", (DEFAULT, PORTABLE))
-def test_tract_fails_on_an_lstm_returning_its_states(form: str, downstream_dir):
-    """tract 0.23's LSTM returning Y_h and Y_c stops with an error (its Scan's state facts clash with
-    the batch); onnxruntime and OpenVINO run the model exactly (test_runs_downstream). Fails the day
-    tract runs it, so that it can join the matrix there."""
+def test_tract_fails_on_an_lstm_returning_its_states_without_initial_states(downstream_dir):
+    """tract 0.23's LSTM returning Y, Y_h and Y_c with no initial states given stops with an error
+    (the zero state it builds clashes with the batch); onnxruntime and OpenVINO run the default form
+    exactly, and tract runs the portable form, whose zero states are given (test_runs_downstream).
+    Fails the day tract runs it, so that it can join the matrix there."""
     (case,) = TRACT_FAILS
-    entry = converted(case, form, downstream_dir)
+    entry = converted(case, DEFAULT, downstream_dir)
+    lstm = helpers.nodes_of_types(entry.proto, {"LSTM"})
+    assert lstm and not any(any(node.input[5:]) for node in lstm), "the default form gives initial states"
     with pytest.raises(tract.TractError, match="Clashing resolution"):
         run_tract(entry.path, entry.x)
 

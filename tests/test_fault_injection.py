@@ -27,8 +27,9 @@ For every target:
 - a loop the unfaulted conversion fuses and the fault left a ``Loop`` has a row whose reason
   starts with "internal error", and a WARNING naming its layer was logged; a row that says
   "internal error" is a ``Loop``.
-The targets of ``emit.kernels``, which only the onnxruntime target runs, are tested converting with
-it (the model's SimpleRNN then becomes a Scan). A target that only runs at import time (say, a
+Code only a target runs (``RUN_ONLY_WITH``: ``emit.kernels`` with target onnxruntime, whose
+SimpleRNN then becomes a Scan; the portable form's mask and state variants with target portable)
+is tested converting with that target. A target that only runs at import time (say, a
 decorator) changes nothing: its test checks the unfaulted conversion.
 
 Keras 3 runs every target, tf_keras a deterministic sample of them (every tenth).
@@ -296,11 +297,24 @@ def model_and_expected(flavor: str):
 _BASELINE: dict = {}
 
 
+# code that only a target runs: (module, class or function; "" for the whole module) -> its options
+RUN_ONLY_WITH = {
+    ("emit.kernels", ""): {"target": "onnxruntime"},  # what builds a recurrence otherwise than as its node
+    ("emit.mask_forms", "PortableMask"): {"target": "portable"},
+    ("emit.states", "ExplicitZeroStates"): {"target": "portable"},
+    ("emit.states", "_zero_states"): {"target": "portable"},
+}
+
+
 def options_for(target: Optional[Target]) -> dict:
-    """The conversion's options: the onnxruntime target where the target's code runs only with it
-    (what builds a recurrence otherwise than as its native node)."""
-    scan_only = target is not None and target.module.__name__.endswith(".emit.kernels")
-    return {"target": "onnxruntime"} if scan_only else {}
+    """The conversion's options: those of the target whose code runs only with it (RUN_ONLY_WITH)."""
+    if target is None:
+        return {}
+    where = target.owner.__name__ if target.owner is not None else target.attr
+    for (module, name), options in RUN_ONLY_WITH.items():
+        if target.module.__name__.endswith("." + module) and name in ("", where):
+            return options
+    return {}
 
 
 def baseline(flavor: str, target: Optional[Target] = None):

@@ -113,7 +113,7 @@ class Emission:
         if dtype.name not in kind.element_types:
             raise NoMatch(f"onnxruntime's {kind.onnx_op} does not run {dtype.name} (it runs "
                           f"{', '.join(kind.element_types)}): the layer stays an exact Loop")
-        self.layer = layer = context.states.prepare(graph, layer)
+        self.layer = layer = context.states.prepare(graph, layer, context.current(layer.x))
         self.builder = GraphBuilder(graph)
         self.name = utils.make_name(layer.name.replace("/", "_") + "_" + layer.first.kind.onnx_op)
         self.replacements: list = []

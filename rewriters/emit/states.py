@@ -1,8 +1,9 @@
 """How a layer's recurrent states meet the model: wiring variants of the one emitter.
 
 :data:`MODEL_STATES`: the states the model itself gives and uses. :class:`StreamedStates`: every
-state is a graph input and a graph output, to run a sequence chunk by chunk. One is chosen per
-conversion by :func:`select_states`.
+state is a graph input and a graph output, to run a sequence chunk by chunk.
+:data:`EXPLICIT_ZERO_STATES` (the portable target): a state that starts at zero is given to the node
+as zeros. One is chosen per conversion by :func:`select_states`.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 from onnx import helper
+from tf2onnx import utils
 
 from ..description import Direction, NodeDirection, NoMatch, RecurrentLayer, StateRole
 
@@ -25,8 +27,8 @@ class StateWiring:
     from, and what to add once the node is built.
     """
 
-    def prepare(self, graph, layer: RecurrentLayer) -> RecurrentLayer:
-        """``layer`` as the node is built from it."""
+    def prepare(self, graph, layer: RecurrentLayer, x: str) -> RecurrentLayer:
+        """``layer`` as the node is built from it (``x``: its input as the graph has it now)."""
         return layer
 
     def carried_start(self, emission: Emission, index: int) -> Optional[str]:
@@ -44,6 +46,47 @@ class StateWiring:
 
 
 MODEL_STATES = StateWiring()
+
+
+class ExplicitZeroStates(StateWiring):
+    """The model's own states, with every state that starts at zero given to the node as zeros
+    [B, H] built from the input's shape rather than left absent. tract builds an absent initial state
+    inside its recurrent op from facts that go wrong: an LSTM whose sequence and final states are
+    all used stops there ("Clashing resolution for expression"), and a batch size left symbolic aborts
+    the process; given states run in both cases (measured on tract 0.23)."""
+
+    def prepare(self, graph, layer: RecurrentLayer, x: str) -> RecurrentLayer:
+        zeros = {}  # hidden size -> the [B, H] zeros of this layer's input
+        passes = []
+        for pass_ in layer.passes:
+            given = dict(pass_.wiring.initial_states)
+            absent = [role for role in pass_.kind.state_roles if role not in given]
+            if not absent:
+                passes.append(pass_)
+                continue
+            if pass_.hidden_size not in zeros:
+                zeros[pass_.hidden_size] = _zero_states(graph, x, layer.batch_major, pass_)
+            states = pass_.wiring.initial_states + tuple((role, zeros[pass_.hidden_size]) for role in absent)
+            constant = pass_.wiring.constant_states + tuple(absent)
+            passes.append(replace(pass_, wiring=replace(pass_.wiring, initial_states=states,
+                                                        constant_states=constant)))
+        return replace(layer, passes=tuple(passes))
+
+
+EXPLICIT_ZERO_STATES = ExplicitZeroStates()
+
+
+def _zero_states(graph, x: str, batch_major: bool, pass_) -> str:
+    """[B, H] zeros of the pass's type, B read from the layer's input ``x`` at run time."""
+    shape = graph.make_node("Shape", [x]).output[0]
+    batch_axis = graph.make_const(utils.make_name(f"{pass_.name}_batch_axis"),
+                                  np.array([0 if batch_major else 1], np.int64)).output[0]
+    batch = graph.make_node("Gather", [shape, batch_axis], attr={"axis": 0}).output[0]
+    hidden = graph.make_const(utils.make_name(f"{pass_.name}_hidden_size"),
+                              np.array([pass_.hidden_size], np.int64)).output[0]
+    size = graph.make_node("Concat", [batch, hidden], attr={"axis": 0}).output[0]
+    zero = helper.make_tensor("value", helper.np_dtype_to_tensor_dtype(np.dtype(pass_.dtype)), [1], [0])
+    return graph.make_node("ConstantOfShape", [size], attr={"value": zero}).output[0]
 
 
 @dataclass(frozen=True)
@@ -65,7 +108,7 @@ class StreamedStates(StateWiring):
     forward passes of the main graph stream: a backward pass needs the future.
     """
 
-    def prepare(self, graph, layer: RecurrentLayer) -> RecurrentLayer:
+    def prepare(self, graph, layer: RecurrentLayer, x: str) -> RecurrentLayer:
         if layer.direction is not NodeDirection.FORWARD or layer.first.direction is not Direction.FORWARD:
             raise NoMatch("cannot stream: a backward pass (Bidirectional or go_backwards) needs the whole "
                           "sequence")
@@ -129,6 +172,9 @@ def _batch_of(graph, x: str) -> int:
     return shape[1] if len(shape) == 3 and shape[1] is not None and shape[1] > 0 else -1
 
 
-def select_states(streaming: bool) -> StateWiring:
-    """The state wiring of a conversion: streamed states, or the model's own."""
-    return StreamedStates() if streaming else MODEL_STATES
+def select_states(streaming: bool, portable: bool = False) -> StateWiring:
+    """The state wiring of a conversion: streamed states, or the model's own (in the portable form
+    with zero states given explicitly)."""
+    if streaming:
+        return StreamedStates()
+    return EXPLICIT_ZERO_STATES if portable else MODEL_STATES
