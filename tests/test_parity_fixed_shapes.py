@@ -21,7 +21,8 @@ Both GRU modes (``reset_after`` True and False), ``go_backwards``, ``return_sequ
 ``return_state`` are spread over the layers. Each model is converted through the API
 (``convert_keras(model, input_signature=...)``) and through a SavedModel exported with the
 same fixed signature (``convert_saved_model``), and a few cases through the CLI, whose ``--inputs``
-fixes a SavedModel exported with a dynamic signature. One test per (road, flavor, signature, model)
+fixes a SavedModel exported with a dynamic signature; a few also with ``target="onnxruntime"`` (every
+SimpleRNN direction a ``Scan``, the other layers their nodes). One test per (road, flavor, signature, model)
 checks, and reports together: one native node per Keras layer (a Bidirectional = one
 ``bidirectional`` node), no Loop/Scan anywhere, every recurrent loop in the report fused into
 the node it names, masked nodes fed a ``sequence_lens`` computed from the model input, and
@@ -205,6 +206,8 @@ def converted(road: str, flavor: str, case: Case, tmp_path_factory) -> Conversio
             entry.model = build(flavor, case.model)
             if road == "api":
                 entry.proto, entry.output_names = _through_api(entry.model, case)
+            elif road == ONNXRUNTIME_ROAD:
+                entry.proto, entry.output_names = _through_api(entry.model, case, target="onnxruntime")
             elif road == "cli":
                 entry.proto, entry.output_names = _through_cli(entry.model, flavor, case, tmp_path_factory)
             else:
@@ -220,10 +223,13 @@ def converted(road: str, flavor: str, case: Case, tmp_path_factory) -> Conversio
     return entry
 
 
-def _through_api(model, case: Case):
+ONNXRUNTIME_ROAD = "api, target onnxruntime"
+
+
+def _through_api(model, case: Case, **options):
     from tf2onnx_rnn import convert_keras
 
-    proto = convert_keras(model, input_signature=case.signature())
+    proto = convert_keras(model, input_signature=case.signature(), **options)
     return proto, tuple(o.name for o in proto.graph.output)
 
 
@@ -487,6 +493,32 @@ def test_masked_rounds_mix_every_row_kind():
 @pytest.mark.parametrize("flavor, case", [pytest.param(f, c, id=f"{f}-{c.id}") for f in parity.FLAVORS for c in CASES])
 def test_fixed_signature_through_the_api(flavor: str, case: Case, tmp_path_factory):
     check(converted("api", flavor, case, tmp_path_factory), "api", flavor, case)
+
+
+# the onnxruntime target (SimpleRNN as an input MatMul + Scan) at batch 1 with dynamic time and with
+# one step on the masked model, a fixed batch and time on the plain one
+ONNXRUNTIME_CASES = [Case("masked", 1, None), Case("masked", 1, 1), Case("plain", 3, 7)]
+
+
+@pytest.mark.parametrize("flavor, case",
+                         [pytest.param(f, c, id=f"{f}-{c.id}") for f in parity.FLAVORS for c in ONNXRUNTIME_CASES])
+def test_fixed_signature_with_the_onnxruntime_target(flavor: str, case: Case, tmp_path_factory):
+    """Every SimpleRNN direction a Scan, every other layer its native node, no Loop; Keras's outputs."""
+    from tf2onnx_rnn import report_of
+
+    entry = converted(ONNXRUNTIME_ROAD, flavor, case, tmp_path_factory)
+    problems = parity_problems(entry, case)
+    ops = [n.op_type for n in parity.nodes_of_types(entry.proto, parity.LOOP_OPS | parity.RECURRENT_OPS)]
+    simple = sum(len(b.directions) for b in case.branches if b.kind == "SimpleRNN")
+    others = sorted(ONNX_OP[b.kind] for b in case.branches if b.kind != "SimpleRNN")
+    if "Loop" in ops or ops.count("Scan") != simple or sorted(op for op in ops if op != "Scan") != others:
+        problems.append(f"nodes {ops}: expected {simple} Scan(s) and {others}")
+    rows = report_of(entry.proto).outcomes
+    problems += [f"{o.layer}: became {o.became!r} ({o.reason})" for o in rows
+                 if o.became != ("Scan" if o.kind == "SimpleRNN" else ONNX_OP[o.kind])]
+    if problems:
+        pytest.fail(f"{flavor} {case.id}:\n- " + "\n- ".join(problems) + "\n" + parity.report_table(entry.proto),
+                    pytrace=False)
 
 
 # batch 1 with dynamic time on the masked model, a fixed batch and time on the plain one
