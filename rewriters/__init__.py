@@ -8,7 +8,8 @@ imports only those above it in this list):
 - ``cells/``: one module per cell family (``lstm``, ``gru``, ``simple_rnn``), each with a ``KIND``
   (a :class:`~.description.CellKind`: Keras name, ONNX op, scope hint, state roles, step equation)
   and a ``match(view, skeleton)`` function, and what they read a cell through: the body view
-  (``body``), activations named by their values, small subgraphs evaluated, ONNX's equations;
+  (``body``, its affine reading ``affine``), activations named by their values, small subgraphs
+  evaluated, ONNX's equations;
 - ``readers/``: what finds a layer's passes: loop bodies (``skeleton``, ``adapt``), stacked cells,
   unrolled chains, TFLite loops and fused ops;
 - ``emit/``: the one emitter, its wirings (mask forms, states) and the nodes' planning;

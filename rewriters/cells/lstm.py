@@ -11,7 +11,8 @@ from typing import Optional
 import numpy as np
 
 from ..description import BodyMatch, CellKind, GateForm, Skeleton, StateRole, require
-from .body import BodyView, Term
+from .affine import Term
+from .body import BodyView
 from .equations import gate_terms
 
 
