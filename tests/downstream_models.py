@@ -29,7 +29,7 @@ from test_parity_masking import mask_batch
 FEATURES, UNITS = 3, 4
 ROWS = ("full", "post", "pre", "holed", "empty")
 TIME = 7
-FLAVOR = parity.FLAVORS[0]  # Keras 3 (the ONNX models are what is tested)
+FLAVOR = parity.FLAVORS[0]  # Keras 3 (the ONNX models are what is tested; tests/pytorch adds tf_keras's)
 
 RESET_BEFORE, STACK, STATES = "reset_before", "stack", "states"
 
@@ -105,16 +105,16 @@ _MODELS: dict = {}
 _CONVERTED: dict = {}
 
 
-def converted(case: Case, form: str, directory) -> Converted:
-    """The case converted in ``form`` (portable or default) and written into ``directory``, once
-    per process."""
-    key = (case, form)
+def converted(case: Case, form: str, directory, flavor: str = FLAVOR) -> Converted:
+    """The case built in ``flavor``, converted in ``form`` (portable or default) and written into
+    ``directory``, once per process."""
+    key = (case, form, flavor)
     if key not in _CONVERTED:
-        if case not in _MODELS:
-            _MODELS[case] = build(FLAVOR, case)
-        model = _MODELS[case]
+        if (case, flavor) not in _MODELS:
+            _MODELS[case, flavor] = build(flavor, case)
+        model = _MODELS[case, flavor]
         proto = tf2onnx_rnn.convert_keras(model, **FORMS[form])
-        path = str(directory / f"{case.id}-{form}.onnx")
+        path = str(directory / f"{case.id}-{form}{'' if flavor == FLAVOR else '-' + flavor}.onnx")
         onnx.save(proto, path)
         x = batch(case.masked)
         _CONVERTED[key] = Converted(model, proto, path, x, parity.keras_outputs(model, [x]))

@@ -1,10 +1,11 @@
 """Converted models in PyTorch, through onnx2torch 1.5.15 and this directory's recurrent converters.
 
 - Every model of the downstream matrix (``downstream_models.py``: masked models in the portable
-  form, unmasked ones in the default and the portable form) converts with ``onnx2torch.convert``
-  and gives Keras's outputs within 1e-4. The portable form holds no ``ReverseSequence``, ``Loop``
-  or ``Scan`` (onnx2torch has no converter for them) and writes out every ``CumSum``'s
-  attributes (onnx2torch takes an absent ``reverse`` as 1). The default form of the masked
+  form, unmasked ones in the default and the portable form; Keras 3's, and tf_keras's for the
+  matrix's main cases) converts with ``onnx2torch.convert`` and gives Keras's outputs within 1e-4.
+  The portable form holds no ``ReverseSequence``, ``Loop`` or ``Scan`` (onnx2torch has no
+  converter for them) and writes out every ``CumSum``'s attributes (onnx2torch takes an absent
+  ``reverse`` as 1). The default form of the masked
   models, whose nodes take computed ``sequence_lens``, is exact too with these converters.
 - The converters (``recurrent_converters.py``) on single LSTM, GRU and RNN nodes, against
   onnxruntime within 1e-5: every direction, ``sequence_lens`` (rows full, shorter and empty),
@@ -38,6 +39,7 @@ import parity  # noqa: E402
 from downstream_models import (  # noqa: E402
     CASES,
     DEFAULT,
+    FLAVOR,
     MATRIX,
     PORTABLE,
     Case,
@@ -65,10 +67,16 @@ def run_torch(proto: onnx.ModelProto, *inputs: np.ndarray) -> list:
 
 # -- the matrix ---------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("case, form", MATRIX, ids=[f"{case.id}-{form}" for case, form in MATRIX])
-def test_runs_in_pytorch(case: Case, form: str, downstream_dir):
+# tf_keras's models too, the matrix's main cases (Keras 3's graphs and tf_keras's differ before conversion)
+FLAVORED = [(case, form, FLAVOR) for case, form in MATRIX] + \
+    [(case, form, parity.FLAVORS[1]) for case, form in MATRIX if case in CASES]
+
+
+@pytest.mark.parametrize("case, form, flavor", FLAVORED,
+                         ids=[f"{flavor}-{case.id}-{form}" for case, form, flavor in FLAVORED])
+def test_runs_in_pytorch(case: Case, form: str, flavor: str, downstream_dir):
     """Within 1e-4 of Keras in PyTorch; the portable form holds nothing onnx2torch lacks or misreads."""
-    entry = converted(case, form, downstream_dir)
+    entry = converted(case, form, downstream_dir, flavor)
     problems = []
     if form == PORTABLE:
         problems += consumer_problems(entry.proto)
