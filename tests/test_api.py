@@ -147,3 +147,39 @@ def test_an_unbuilt_sequential_whose_first_layer_declares_its_input_converts(fla
     assert rows and all(row.fused for row in rows), tf2onnx_rnn.report_of(model_proto).table()
     result = verify_keras(model, model_proto, tolerance=1e-5)
     assert result.passed, result.table()
+
+
+_LOAD_BESIDE_TF_KERAS = """
+import sys
+import numpy as np
+import tf_keras  # imported first, as a notebook that uses both would have it
+import keras
+import onnxruntime as ort
+from tf2onnx_rnn.api import run
+from tf2onnx_rnn.sources.keras_file import KerasFile
+
+x = keras.Input((None, 3), name="x")
+model = keras.Model(x, keras.layers.SimpleRNN(4, go_backwards=True)(keras.layers.Masking(0.0)(x)))
+path = sys.argv[1]
+model.save(path)
+proto = run(KerasFile(path)).model_proto
+batch = np.random.default_rng(3).standard_normal((2, 5, 3)).astype(np.float32)
+batch[1, 3:] = 0.0
+got = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": batch})[0]
+print("max error", float(np.abs(got - model(batch, training=False).numpy()).max()))
+"""
+
+
+def test_a_keras_file_loads_with_tf_keras_imported_beside_keras(tmp_path):
+    """A ``.keras`` file saved by ``keras`` converts exactly in a process that imported tf_keras too.
+    (On TensorFlow 2.15 Keras 2's own loader never returns there; the file is read with tf_keras.)
+    Run in a fresh process, under a time limit, so that a hang fails instead of stalling the suite."""
+    pytest.importorskip("tf_keras")
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", _LOAD_BESIDE_TF_KERAS, str(tmp_path / "model.keras")],
+                            capture_output=True, text=True, timeout=300, cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr[-3000:]
+    error = float(result.stdout.split("max error")[-1])
+    assert error < parity.TOLERANCE, result.stdout

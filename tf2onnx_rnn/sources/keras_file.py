@@ -124,8 +124,13 @@ def load_keras_file(path: str, safe_mode: bool = True, custom_objects: Optional[
     check_stored_config(path, safe_mode, custom_objects)
     import keras
 
+    loader = keras
+    if keras.__version__.startswith("2.") and "tf_keras" in sys.modules and not path.lower().endswith(HDF5_EXTENSIONS):
+        # Keras 2's .keras loader never returns once tf_keras, its fork, is imported in the same process
+        # (TensorFlow 2.15, any functional model: its nest calls loop); tf_keras reads the same format
+        loader = sys.modules["tf_keras"]
     try:
-        return keras.models.load_model(path, compile=False, safe_mode=safe_mode, custom_objects=custom_objects)
+        return loader.models.load_model(path, compile=False, safe_mode=safe_mode, custom_objects=custom_objects)
     except Exception as error:  # Keras raises many kinds for unreadable files
         first_error = error
     if not path.lower().endswith(HDF5_EXTENSIONS):
