@@ -13,6 +13,7 @@ WHILE_OPS = ("While", "StatelessWhile")  # the TensorFlow ops a recurrent layer'
 LOOP = "Loop"  # ``became`` of a loop left as tf2onnx's exact Loop
 REMOVED = "removed"  # ``became`` of a loop whose outputs nothing used: tf2onnx dropped it
 UNROLLED = "unrolled ops"  # ``became`` of an unrolled layer (unroll=True) left as its steps' own ops
+SCAN = "Scan"  # ``became`` of a loop no native node computes, written as a Scan of its own step
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,8 @@ REWRITERS = os.path.join(ROOT, "rewriters")  # installed as tf2onnx_rnn.rewriter
 TOP_LEVEL_REWRITERS = {"__init__", "pipeline", "description", "outcome", "rows"}
 # the rewriter package's layers, lowest first: a module may import its own layer and those before it
 # (``__init__`` is the registry of cell families, which the readers ask)
-LAYERS = (("description", "outcome"), ("cells",), ("__init__",), ("readers",), ("emit",), ("rows", "pipeline"))
+LAYERS = (("description", "outcome"), ("cells",), ("__init__",), ("readers",), ("emit",), ("scan",),
+          ("rows", "pipeline"))
 
 
 def _modules() -> dict:
@@ -111,7 +112,7 @@ def test_the_rewriters_folder_shows_its_roles():
     entries = {entry[:-3] if entry.endswith(".py") else entry for entry in os.listdir(REWRITERS)
                if entry != "__pycache__"}
     folders = {entry for entry in entries if os.path.isdir(os.path.join(REWRITERS, entry))}
-    assert folders == {"cells", "readers", "emit"}
+    assert folders == {"cells", "readers", "emit", "scan"}
     assert entries - folders == TOP_LEVEL_REWRITERS
     assert all(os.path.isfile(os.path.join(REWRITERS, folder, "__init__.py")) for folder in folders)
 

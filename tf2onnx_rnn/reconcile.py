@@ -16,7 +16,7 @@ from typing import Callable, Iterable, Optional
 import onnx
 
 from .probes import graph_nodes
-from .report import LOOP, REMOVED, UNROLLED, ConversionReport, LoopOutcome
+from .report import LOOP, REMOVED, SCAN, UNROLLED, ConversionReport, LoopOutcome
 from .rewriters.outcome import WHILE_OPS, Findings
 from .rewriters.rows import kind_hint, scope_name
 
@@ -115,6 +115,7 @@ def reconcile(findings: Findings, loops: list, model_proto: onnx.ModelProto,
     nodes = list(graph_nodes(model_proto.graph))
     names = {n.name for n in nodes}
     still_loops = {_loop_name(n) for n in nodes if n.op_type in ("Loop", "Scan")}
+    scans = {n.name for n in nodes if n.op_type == "Scan"}
     rows = {o.loop: o for o in recorded}
     claimed = {o.node for o in recorded if o.fused and o.node in names}
     unclaimed_native = [n for n in nodes if n.op_type in _RECURRENT_OPS and n.name not in claimed]
@@ -126,7 +127,7 @@ def reconcile(findings: Findings, loops: list, model_proto: onnx.ModelProto,
         if kind == "unknown":  # the layer's name may tell (a TF 1.x loop's is its cell's scope)
             kind = _hint(layer)
         if loop.name in still_loops:
-            if row is not None and row.became == LOOP:
+            if row is not None and (row.became == LOOP or (row.became == SCAN and row.node in scans)):
                 return row
             reason = ("internal error: reported as fused, but the loop is still in the written model"
                       if row is not None else

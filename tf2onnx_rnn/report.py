@@ -9,9 +9,9 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
-from .rewriters.outcome import LOOP, REMOVED, UNROLLED, Outcome
+from .rewriters.outcome import LOOP, REMOVED, SCAN, UNROLLED, Outcome
 
-__all__ = ["LOOP", "METADATA_KEY", "REMOVED", "UNROLLED", "ConversionReport", "LoopOutcome"]
+__all__ = ["LOOP", "METADATA_KEY", "REMOVED", "SCAN", "UNROLLED", "ConversionReport", "LoopOutcome"]
 
 METADATA_KEY = "tf2onnx_rnn.report"
 
@@ -22,7 +22,8 @@ class LoopOutcome(Outcome):
 
     @property
     def fused(self) -> bool:
-        return self.became not in (LOOP, REMOVED, UNROLLED)
+        """Whether it became a native node (a Scan of its own step is not one)."""
+        return self.became not in (LOOP, REMOVED, UNROLLED, SCAN)
 
     @property
     def left_as(self) -> str:
@@ -53,6 +54,11 @@ class ConversionReport:
         return [o for o in self.outcomes if o.became == LOOP]
 
     @property
+    def scans(self) -> list:
+        """Loops no native node computes, written as a Scan of their own step."""
+        return [o for o in self.outcomes if o.became == SCAN]
+
+    @property
     def unrolled(self) -> list:
         """Unrolled layers left as their steps' ops."""
         return [o for o in self.outcomes if o.became == UNROLLED]
@@ -60,11 +66,12 @@ class ConversionReport:
     def summary(self) -> str:
         if not self.outcomes:
             return "no recurrent layer loops found: nothing to fuse"
-        removed = len(self.outcomes) - len(self.fused) - len(self.loops) - len(self.unrolled)
+        removed = len(self.outcomes) - len(self.fused) - len(self.loops) - len(self.unrolled) - len(self.scans)
         scans = sum(1 for o in self.fused if o.form)
         return (f"{len(self.outcomes)} recurrent loop(s): {len(self.fused)} fused into native nodes"
                 + (f" ({scans} of them in onnxruntime's form, a Scan)" if scans else "") + ", "
-                f"{len(self.loops)} left as Loop"
+                + (f"{len(self.scans)} written as a Scan of their own step, " if self.scans else "")
+                + f"{len(self.loops)} left as Loop"
                 + (f", {len(self.unrolled)} unrolled layer(s) left as ops" if self.unrolled else "")
                 + (f", {removed} removed as unused" if removed else ""))
 
@@ -82,6 +89,9 @@ class ConversionReport:
                 if o.state_outputs:
                     details += f"; states in: {', '.join(i or '(the model gives it)' for i in o.state_inputs)}"
                     details += f", out: {', '.join(o.state_outputs)}"
+            elif o.became == SCAN:
+                details = f"{o.form}; no native node: {o.reason}"
+                details += f"; mask: {o.mask}" if o.mask else ""
             else:
                 details = o.reason + (f" (at {o.where})" if o.where else "")
             rows.append((o.layer, o.kind, o.direction or "-", o.became, details))

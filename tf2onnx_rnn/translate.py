@@ -54,7 +54,20 @@ def to_onnx(frozen: Frozen, options: Options) -> tuple:
                                   f"{first_line(error)}") from error
     _check_fused_ops(frozen, findings)
     _check_nchw(_io_ranks(model_proto), nchw)
+    _scan_form(model_proto, findings)
     return model_proto, nchw, findings
+
+
+def _scan_form(model_proto: onnx.ModelProto, findings: Findings) -> None:
+    """The recurrent loops no native node computes, each as a Scan of its own step where it is a per-step
+    map (``rewriters.scan``); a failure to even start leaves every loop the exact Loop it is."""
+    try:
+        from .rewriters.scan import scan_loops
+
+        scan_loops(model_proto, findings)
+    except Exception as error:  # noqa: BLE001 - the Loops stay, exact; their rows say they are Loops
+        logger.warning("recurrent loops stay Loops: internal error while writing the Scan form: %s: %s",
+                       type(error).__name__, error, exc_info=True)
 
 
 def _check_fused_ops(frozen: Frozen, findings: Findings) -> None:

@@ -16,6 +16,9 @@ from tf2onnx.graph_builder import GraphBuilder
 _WHILE_OPS = ("While", "StatelessWhile")
 
 
+PADDED_NAME = "padded_list"  # the padding Concat's name starts so: a loop that becomes a Scan needs none
+
+
 def pad_stacked_lists(graph) -> int:
     """Pad every stack of a reserved list a while-loop of ``graph`` returns; the number padded."""
     padded = 0
@@ -45,7 +48,7 @@ def _pad(graph, stacked: str, size: str) -> None:
     dtype = graph.get_dtype(stacked) or TensorProto.FLOAT
     zero = numpy_helper.from_array(np.zeros([1], helper.tensor_dtype_to_np_dtype(dtype)))
     zeros = graph.make_node("ConstantOfShape", [dims], attr={"value": zero}).output[0]
-    padded = graph.make_node("Concat", [stacked, zeros], attr={"axis": 0})
+    padded = graph.make_node("Concat", [stacked, zeros], attr={"axis": 0}, name=utils.make_name(PADDED_NAME))
     graph.replace_all_inputs(stacked, padded.output[0], ops=consumers)
 
 

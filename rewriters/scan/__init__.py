@@ -1,0 +1,149 @@
+"""The Scan form: recurrent loops no cell module claims, each written as a ``Scan`` of its own step.
+
+tf2onnx writes a recurrent layer's while-loop as a ``Loop`` that reads a row of its input at each
+step and carries its states. A loop the cell matchers decline (a cell no ONNX node names) is still
+such a per-step map, and a ``Scan`` computes the same: its scanned inputs are the sequences the loop
+read row by row, its states the values the loop carried, its outputs what the loop stacked; the work
+the step does on its input alone runs once over the whole sequence before it. The rewrite reads the
+loop's structure, never its cell: any cell TensorFlow runs takes it.
+
+It runs on the written model (after tf2onnx's optimizers) and updates the rewriter's report rows: a
+loop that became a Scan says so and keeps the matchers' reason; one that cannot says why it stays a
+Loop. Nothing raised here escapes: a loop whose rewrite fails stays the Loop it was.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import onnx
+
+from ..description import NoMatch
+from ..emit.padded_lists import PADDED_NAME
+from ..outcome import LOOP, SCAN, Findings
+from .graph_index import Scope, TypeTable, attribute, reads, subgraphs
+from .lengths import Lengths
+from .loop_reading import read_loop
+from .rewrite import Written, write_scan
+
+logger = logging.getLogger("tf2onnx_rnn")
+
+LOOP_SUFFIX = "_loop"  # tf2onnx names a functional while-loop's Loop after it so
+
+
+def scan_loops(model: onnx.ModelProto, findings: Findings) -> list:
+    """Rewrite every recurrent Loop of ``model`` that stays a Loop in ``findings`` as a Scan where it is
+    a per-step map, updating its row; the :class:`Written` rewrites."""
+    rows = {row.loop: index for index, row in enumerate(findings.outcomes) if row.became == LOOP}
+    if not rows:
+        return []
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
+    written = []
+    for name in [n.name for n in model.graph.node if n.op_type == "Loop"]:
+        node = next(n for n in model.graph.node if n.name == name and n.op_type == "Loop")
+        loop = name[:-len(LOOP_SUFFIX)] if name.endswith(LOOP_SUFFIX) else name
+        if loop not in rows:
+            continue
+        index = rows[loop]
+        row = findings.outcomes[index]
+        try:
+            types = TypeTable(model)
+            scope = Scope(model.graph)
+            loop_map = read_loop(node, scope, types)
+            done = write_scan(node, loop_map, scope, types, opset)
+            scope.refresh()
+            _drop_padding(scope, types, loop_map)
+        except NoMatch as no_match:
+            findings.outcomes[index] = dataclasses.replace(
+                row, reason=f"{row.reason}; not a Scan either: {no_match.reason}",
+                where=row.where or no_match.node)
+            continue
+        except Exception as error:  # noqa: BLE001 - the loop stays as it was, the row says why
+            logger.warning("%s: internal error while writing the Scan form: %s: %s", row.layer,
+                           type(error).__name__, error, exc_info=True)
+            findings.outcomes[index] = dataclasses.replace(
+                row, reason=f"{row.reason}; internal error while writing the Scan form: {type(error).__name__}")
+            continue
+        written.append(done)
+        _drop_unused_initializers(model.graph)
+        findings.outcomes[index] = dataclasses.replace(
+            row, became=SCAN, node=done.loop,
+            form=f"a Scan of the loop's own step ({_hoisted_text(done)})")
+        logger.info("%s: %s -> ONNX Scan (%s)", row.layer, row.kind, _hoisted_text(done))
+    return written
+
+
+def _drop_unused_initializers(graph: onnx.GraphProto) -> None:
+    """Initializers only the Loop read (its counter's start, its step): nothing reads them now."""
+    used = {name for node in graph.node for name in reads(node)} | {o.name for o in graph.output}
+    used |= {i.name for i in graph.input}
+    kept = [t for t in graph.initializer if t.name in used]
+    if len(kept) < len(graph.initializer):
+        del graph.initializer[:]
+        graph.initializer.extend(kept)
+
+
+def _hoisted_text(done: Written) -> str:
+    states = f"{done.states} state(s), {done.sequences} scanned input(s)"
+    return states + (f", {done.hoisted} node(s) of input-only work run once over the sequence" if done.hoisted else "")
+
+
+def _drop_padding(scope: Scope, types: TypeTable, loop_map) -> None:
+    """The zeros a Loop's stacked outputs were padded with up to the list's reserved length: none for a
+    Scan whose steps are that length (the padding Concat is bypassed, then its unused arithmetic)."""
+    lengths = Lengths(scope, types)
+    candidates = set()
+    for _, final in loop_map.step_outputs:
+        for reader in list(scope.readers.get(final, [])):
+            if reader.op_type != "Concat" or not reader.name.startswith(PADDED_NAME) or reader.input[0] != final:
+                continue
+            if _padded_length(scope, reader, lengths) != loop_map.steps or reader.output[0] in scope.graph_outputs:
+                continue
+            _rename_reads(scope.graph, reader.output[0], final)
+            candidates.add(reader.name)
+            candidates |= _ancestor_nodes(scope, reader)
+    _remove_unused(scope, candidates)
+
+
+def _padded_length(scope: Scope, concat: onnx.NodeProto, lengths: Lengths):
+    """The length a padding Concat pads to: Concat(stacked, ConstantOfShape(Concat(Max(Sub(length, rows), 0),
+    rest)))."""
+    chain = scope.producer(concat.input[1])
+    for op, position in (("ConstantOfShape", 0), ("Concat", 0), ("Max", 0), ("Sub", 0)):
+        if chain is None or chain.op_type != op:
+            return None
+        chain = scope.producer(chain.input[position]) if op != "Sub" else chain
+    return lengths.value(chain.input[0])
+
+
+def _ancestor_nodes(scope: Scope, node: onnx.NodeProto) -> set:
+    found, pending = set(), list(node.input)
+    while pending:
+        producer = scope.producer(pending.pop())
+        if producer is not None and producer.name not in found:
+            found.add(producer.name)
+            pending.extend(producer.input)
+    return found
+
+
+def _rename_reads(graph: onnx.GraphProto, old: str, new: str) -> None:
+    for node in graph.node:
+        node.input[:] = [new if name == old else name for name in node.input]
+        for sub in subgraphs(node):
+            _rename_reads(sub, old, new)
+
+
+def _remove_unused(scope: Scope, candidates: set) -> None:
+    """Remove the ``candidates`` nothing reads any more, until none is left to remove."""
+    while True:
+        scope.refresh()
+        dead = [n for n in scope.graph.node if n.name in candidates and not any(scope.used(o) for o in n.output)]
+        if not dead:
+            return
+        gone = {n.name for n in dead}
+        kept = [n for n in scope.graph.node if n.name not in gone]
+        del scope.graph.node[:]
+        scope.graph.node.extend(kept)
+
+
+__all__ = ["scan_loops", "Written", "attribute", "reads"]

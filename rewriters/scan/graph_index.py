@@ -1,0 +1,178 @@
+"""What the Scan form asks of an ONNX graph: who makes a tensor and who reads it, which values are
+constants, a tensor's element type and rank, and fresh names.
+
+It reads ``onnx`` protos as tf2onnx wrote them (after its optimizers), so it holds only ONNX
+semantics: a subgraph's reads of an outer value count as reads by the node that holds the subgraph.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Iterable, Optional
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+_COUNTER = itertools.count()
+
+
+def subgraphs(node: onnx.NodeProto) -> list:
+    """The graphs a node holds (a Loop's or Scan's body, an If's branches)."""
+    found = []
+    for attribute in node.attribute:
+        if attribute.type == onnx.AttributeProto.GRAPH:
+            found.append(attribute.g)
+        elif attribute.type == onnx.AttributeProto.GRAPHS:
+            found.extend(attribute.graphs)
+    return found
+
+
+def reads(node: onnx.NodeProto) -> set:
+    """Every tensor ``node`` reads: its inputs and what its subgraphs take from outside themselves."""
+    names = {name for name in node.input if name}
+    for graph in subgraphs(node):
+        names |= outer_reads(graph)
+    return names
+
+
+def outer_reads(graph: onnx.GraphProto) -> set:
+    """The tensors ``graph`` reads from the scopes around it."""
+    local = {i.name for i in graph.input} | {i.name for i in graph.initializer}
+    local |= {out for node in graph.node for out in node.output}
+    return {name for node in graph.node for name in reads(node)} - local
+
+
+def fresh(base: str) -> str:
+    """A name no converted graph holds: ``base`` and a suffix of this module's own."""
+    return f"{base}__scan{next(_COUNTER)}"
+
+
+def attribute(node: onnx.NodeProto, name: str, default=None):
+    for attr in node.attribute:
+        if attr.name == name:
+            return helper.get_attribute_value(attr)
+    return default
+
+
+class TypeTable:
+    """Element types and shapes of a model's tensors, subgraphs included, as ONNX shape inference
+    finds them (tf2onnx's own value infos where inference finds nothing)."""
+
+    def __init__(self, model: onnx.ModelProto):
+        self.types: dict = {}
+        self._collect(model.graph)
+        try:
+            inferred = onnx.shape_inference.infer_shapes(model)
+        except Exception:  # noqa: BLE001 - inference is a help, not a need: ranks stay unknown
+            inferred = None
+        if inferred is not None:
+            self._collect(inferred.graph)
+
+    def _collect(self, graph: onnx.GraphProto) -> None:
+        for value in itertools.chain(graph.input, graph.output, graph.value_info):
+            if value.type.HasField("tensor_type"):
+                self.types[value.name] = value.type
+        for tensor in graph.initializer:
+            self.types[tensor.name] = helper.make_tensor_type_proto(tensor.data_type, list(tensor.dims))
+        for node in graph.node:
+            if node.op_type == "Constant":
+                value = attribute(node, "value")
+                if value is not None:
+                    self.types[node.output[0]] = helper.make_tensor_type_proto(value.data_type, list(value.dims))
+            for sub in subgraphs(node):
+                self._collect(sub)
+
+    def elem_type(self, name: str) -> int:
+        found = self.types.get(name)
+        return found.tensor_type.elem_type if found is not None else onnx.TensorProto.UNDEFINED
+
+    def shape(self, name: str) -> Optional[list]:
+        """Dims (an int, or None where unknown), or None when the rank is unknown."""
+        found = self.types.get(name)
+        if found is None or not found.tensor_type.HasField("shape"):
+            return None
+        return [d.dim_value if d.HasField("dim_value") else None for d in found.tensor_type.shape.dim]
+
+    def rank(self, name: str) -> Optional[int]:
+        shape = self.shape(name)
+        return None if shape is None else len(shape)
+
+
+class Scope:
+    """One graph and the scopes around it: producers, readers and constants of the tensors it sees."""
+
+    def __init__(self, graph: onnx.GraphProto, outer: Optional["Scope"] = None):
+        self.graph = graph
+        self.outer = outer
+        self.aliases: dict = {}  # a body input -> the outer tensor it always holds (a loop's invariant)
+        self.refresh()
+
+    def refresh(self) -> None:
+        self.producers = {out: node for node in self.graph.node for out in node.output if out}
+        self.initializers = {t.name: t for t in self.graph.initializer}
+        self.inputs = {i.name for i in self.graph.input}
+        self.readers: dict = {}
+        for node in self.graph.node:
+            for name in reads(node):
+                self.readers.setdefault(name, []).append(node)
+        self.graph_outputs = {o.name for o in self.graph.output}
+
+    def local(self, name: str) -> bool:
+        """Whether ``name`` is made in this graph (an input, an initializer or a node's output)."""
+        return name in self.producers or name in self.initializers or name in self.inputs
+
+    def producer(self, name: str) -> Optional[onnx.NodeProto]:
+        return self.producers.get(name)
+
+    def resolve(self, name: str) -> str:
+        """``name`` seen through Identity nodes of this graph (and an invariant input, as the outer tensor)."""
+        seen = set()
+        while name in self.producers and self.producers[name].op_type == "Identity" and name not in seen:
+            seen.add(name)
+            name = self.producers[name].input[0]
+        return self.aliases.get(name, name)
+
+    def constant(self, name: str) -> Optional[np.ndarray]:
+        """The value of a constant tensor (an initializer or a Constant node, here or in an outer scope)."""
+        name = self.aliases.get(name, name)
+        scope = self
+        while scope is not None:
+            if name in scope.initializers:
+                return numpy_helper.to_array(scope.initializers[name])
+            node = scope.producers.get(name)
+            if node is not None:
+                if node.op_type == "Constant" and attribute(node, "value") is not None:
+                    return numpy_helper.to_array(attribute(node, "value"))
+                if node.op_type == "Identity":
+                    return scope.constant(node.input[0])
+                return None
+            if name in scope.inputs:
+                return None
+            scope = scope.outer
+        return None
+
+    def scalar(self, name: str):
+        value = self.constant(name)
+        return value.reshape(-1)[0].item() if value is not None and value.size == 1 else None
+
+    def used(self, name: str) -> bool:
+        return bool(self.readers.get(name)) or name in self.graph_outputs
+
+
+def topological(nodes: Iterable[onnx.NodeProto], available: set) -> list:
+    """``nodes`` in an order where each comes after those making what it reads (``available``: what
+    exists before them); nodes whose reads never become available keep their relative order last."""
+    pending, ordered, have = list(nodes), [], set(available)
+    made = {out for node in pending for out in node.output}
+    progress = True
+    while pending and progress:
+        progress, rest = False, []
+        for node in pending:
+            if all(name in have or name not in made for name in reads(node)):
+                ordered.append(node)
+                have.update(node.output)
+                progress = True
+            else:
+                rest.append(node)
+        pending = rest
+    return ordered + pending
