@@ -42,6 +42,7 @@ class Hoisted:
     body: list = field(default_factory=list)
     rows: dict = field(default_factory=dict)
     moved: int = 0  # how many nodes now run once over the sequence
+    ranks: dict = field(default_factory=dict)  # each row's rank at one step, where known
 
 
 class _Lifter:
@@ -260,4 +261,5 @@ def hoist(body: list, rows: dict, row_ranks: dict, step_inputs: set, scope: Scop
     needed = {name for node in stays for name in reads(node)} | {name for name in seq if keep(name)}
     hoisted.rows = {name: sequence for name, sequence in seq.items() if name in needed}
     hoisted.body = stays
+    hoisted.ranks = dict(lifter.rank)
     return hoisted

@@ -14,7 +14,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from .graph_index import Scope, TypeTable, attribute, fresh, reads, topological
+from .folding import computed_reads, fold
+from .graph_index import Scope, TypeTable, attribute, fresh, reads, subgraphs, topological
 from .hoisting import hoist
 from .loop_reading import LoopMap
 
@@ -34,11 +35,17 @@ def write_scan(loop: onnx.NodeProto, loop_map: LoopMap, scope: Scope, types: Typ
     body = onnx.GraphProto()
     body.CopyFrom(attribute(loop, "body"))
     outer_nodes, initializers = [], _promoted_initializers(body, scope)
+    outputs = [state.step_output for state in loop_map.states] + [out for out, _ in loop_map.step_outputs]
+    declared = {}  # a body output -> the loop body's output whose type it has
+    outputs, copies = _distinct_outputs(outputs, list(body.node), declared)
+    body.node.extend(copies)
+    invariant_outputs = {inv.step_input for inv in loop_map.invariants} & set(outputs)
     nodes = [helper.make_node("Identity", [inv.initial], [inv.step_input], name=fresh("invariant"))
-             for inv in loop_map.invariants]
+             for inv in loop_map.invariants if inv.step_input in invariant_outputs]
     read_nodes = {read.node for read in loop_map.reads}
     nodes += [node for node in body.node if node.name not in read_nodes]
-    outputs = [state.step_output for state in loop_map.states] + [out for out, _ in loop_map.step_outputs]
+    _rename(nodes, {inv.step_input: inv.initial for inv in loop_map.invariants
+                    if inv.step_input not in invariant_outputs})
     nodes = _live(nodes, outputs)
     rows = {read.row: read.sequence for read in loop_map.reads}
     index_rows = _step_indices(nodes, loop_map, types, rows, outer_nodes)
@@ -47,18 +54,21 @@ def write_scan(loop: onnx.NodeProto, loop_map: LoopMap, scope: Scope, types: Typ
     row_ranks = {row: _row_rank(row, sequence, types) for row, sequence in rows.items()}
     hoisted = hoist(topological(nodes, set(rows) | set(state_inputs)), rows, row_ranks, set(state_inputs),
                     scope, types, opset, keep=lambda name: name in outputs)
-    outer_nodes += hoisted.outer
     initializers += hoisted.initializers
+    outer_nodes += fold(hoisted.outer, scope, initializers, opset)
     rows = hoisted.rows or dict(list(rows.items())[:1])  # a Scan scans at least one sequence
+    passed = _passed_on(hoisted.body, outputs, scope, {t.name for t in initializers} | set(state_inputs) | set(rows),
+                        types)
+    state_inputs += [inner for _, inner, _ in passed]
+    outputs = outputs[:len(loop_map.states)] + [out for _, _, out in passed] + outputs[len(loop_map.states):]
     body_inputs = [_value_info(name, types, name) for name in state_inputs]
-    body_inputs += [_value_info(row, types, sequence, drop_first=True) for row, sequence in rows.items()]
-    old_outputs = {o.name: o for o in body.output}
+    body_inputs += [_row_info(row, sequence, types, hoisted.ranks.get(row)) for row, sequence in rows.items()]
+    # the body's types without the symbolic dims tf2onnx named: a consumer may unify names across graphs
     new_body = helper.make_graph(hoisted.body, body.name, body_inputs,
-                                 [old_outputs.get(name) or _value_info(name, types, name) for name in outputs])
-    kept = {name for node in hoisted.body for name in node.output} | set(state_inputs) | set(rows)
-    new_body.value_info.extend(v for v in body.value_info if v.name in kept)
-    finals = [state.final or fresh("final_state") for state in loop_map.states]
-    scan = helper.make_node("Scan", [state.initial for state in loop_map.states] + list(rows.values()),
+                                 [_value_info(name, types, declared.get(name, name), unnamed=True) for name in outputs])
+    finals = [state.final or fresh("final_state") for state in loop_map.states] + [fresh("passed") for _ in passed]
+    initials = [state.initial for state in loop_map.states] + [outer for outer, _, _ in passed]
+    scan = helper.make_node("Scan", initials + list(rows.values()),
                             finals + [final for _, final in loop_map.step_outputs], name=loop.name,
                             body=new_body, num_scan_inputs=len(rows))
     after = [helper.make_node("Identity", [inv.initial], [inv.final], name=fresh("invariant"))
@@ -66,6 +76,53 @@ def write_scan(loop: onnx.NodeProto, loop_map: LoopMap, scope: Scope, types: Typ
     _replace(scope.graph, loop, outer_nodes + [scan] + after)
     scope.graph.initializer.extend(initializers)
     return Written(loop.name, len(loop_map.states), len(rows), hoisted.moved)
+
+
+def _distinct_outputs(outputs: list, nodes: list, declared: dict) -> tuple:
+    """The body's outputs as the tensors that compute them (through Identity nodes), each computed value
+    given once: a later output of the same value (a state the step also stacks) is an Identity of the
+    first. tract maps a body's outputs by the value they hold, and mixes up two outputs of one value
+    that reach it through different Identity chains. (outputs, the Identity nodes added)."""
+    producer = {out: node for node in nodes for out in node.output}
+    seen, resolved, copies = set(), [], []
+    for original in outputs:
+        name = original
+        while name in producer and producer[name].op_type == "Identity":
+            name = producer[name].input[0]
+        if name in seen:
+            copy = fresh(name)
+            copies.append(helper.make_node("Identity", [name], [copy], name=fresh("output_copy")))
+            name = copy
+        seen.add(name)
+        resolved.append(name)
+        declared[name] = original
+    return resolved, copies
+
+
+def _rename(nodes: list, renames: dict) -> None:
+    """Every read of a renamed tensor in ``nodes`` and the subgraphs they hold reads its new name."""
+    for node in nodes:
+        node.input[:] = [renames.get(name, name) for name in node.input]
+        for graph in subgraphs(node):
+            _rename(list(graph.node), renames)
+
+
+def _passed_on(body_nodes: list, outputs: list, scope: Scope, known: set, types: TypeTable) -> list:
+    """The computed outer tensors the step reads (see :mod:`.folding`), each made a state the step passes
+    on unchanged: (outer tensor, its body input, its body output). The body's nodes read the input.
+    ``known``: what is no such tensor (the body's own inputs, the initializers added for it)."""
+    probe = helper.make_graph(body_nodes, "probe", [], [helper.make_tensor_value_info(o, 0, None) for o in outputs])
+    passed = []
+    for name in computed_reads(probe, scope, known):
+        inner, out = fresh(name), fresh(name)
+        types.types[inner] = types.types.get(name) or helper.make_tensor_type_proto(types.elem_type(name), None)
+        types.types[out] = types.types[inner]
+        passed.append((name, inner, out))
+    if passed:
+        _rename(body_nodes, {name: inner for name, inner, _ in passed})
+        body_nodes.extend(helper.make_node("Identity", [inner], [out], name=fresh("passed_on"))
+                          for _, inner, out in passed)
+    return passed
 
 
 def _promoted_initializers(body: onnx.GraphProto, scope: Scope) -> list:
@@ -144,7 +201,8 @@ def _row_rank(row: str, sequence: str, types: TypeTable):
     return rank
 
 
-def _value_info(name: str, types: TypeTable, source: str, drop_first: bool = False) -> onnx.ValueInfoProto:
+def _value_info(name: str, types: TypeTable, source: str, drop_first: bool = False,
+                unnamed: bool = False) -> onnx.ValueInfoProto:
     """A body input or output's declared type: ``source``'s element type, and its shape less the step
     axis for a row (unknown dims stay unnamed)."""
     elem = types.elem_type(name) or types.elem_type(source)
@@ -153,7 +211,20 @@ def _value_info(name: str, types: TypeTable, source: str, drop_first: bool = Fal
         shape = shape[1:]
     if shape is not None:
         shape = [d if d else None for d in shape]
+    if unnamed and shape is not None:
+        shape = [None] * len(shape)
     return helper.make_tensor_value_info(name, elem, shape)
+
+
+def _row_info(row: str, sequence: str, types: TypeTable, rank) -> onnx.ValueInfoProto:
+    """A row's declared type: the sequence's shape less its step axis, else the row's own (a hoisted
+    row's, as the loop's body declared it), else its rank with unknown dims."""
+    elem = types.elem_type(row) or types.elem_type(sequence)
+    shape = types.shape(sequence)
+    shape = shape[1:] if shape is not None else types.shape(row)
+    if shape is None and rank is not None:
+        shape = [None] * rank
+    return helper.make_tensor_value_info(row, elem, None if shape is None else [d if d else None for d in shape])
 
 
 def _replace(graph: onnx.GraphProto, node: onnx.NodeProto, replacement: list) -> None:
