@@ -157,7 +157,7 @@ def _cell(make):
 DESIGNS = (
     Design("simple_rnn_gelu", _builtin("SimpleRNN", "gelu"), 1),
     Design("lstm_selu", _builtin("LSTM", "selu"), 1),
-    Design("gru_silu", _builtin("GRU", "silu"), 2),
+    Design("gru_silu", _builtin("GRU", "silu"), 1),
     Design("ln_elman", _cell(_layer_normalised_elman), 1),
     Design("dense_input", _cell(_dense_input), 2),
     Design("three_states", _cell(_three_states), 1),

@@ -88,6 +88,8 @@ def read_loop(node: onnx.NodeProto, scope: Scope, types: TypeTable) -> LoopMap:
     reads = _sequence_reads(inner, indices)
     require(bool(reads), "the loop reads no sequence a row a step", node.name)
     lengths = Lengths(scope, types)
+    if node.input[0]:
+        _steps(node, reads, lengths, [])
     tests = [_test(inner, term, indices, lengths, node.name) for term in _conjuncts(inner, body.output[0].name)]
     steps = _steps(node, reads, lengths, tests)
     require(all(bound == steps for _, bound in tests if bound is not None),

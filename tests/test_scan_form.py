@@ -1,0 +1,233 @@
+"""The Scan form: recurrences no ONNX node names become a Scan of their own step, exact.
+
+Keras's own layers with activations ONNX's recurrent nodes lack and hand-written ``RNN(cell)`` cells
+(``scan_cells.py``: a LayerNormalization or a Dense inside, three states of two sizes, constants), plain,
+masked (rows full, post-padded, pre-padded, holed and empty), Bidirectional and stacked, in Keras 3 and
+tf_keras: each converts with no Loop, one Scan per loop, no per-step read of a sequence left in a step
+and the input's own work hoisted out of it; equal to Keras in onnxruntime (dynamic batch and time, a
+batch unlike the time length, batch 1), and in OpenVINO and tract. Loops that are not a per-step map
+stay Loops, with the reason.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import helpers
+import parity
+import scan_cells
+from scan_cells import CONSTANTS, DESIGNS, FEATURES, masked_batch
+
+FORMS = ("plain", "masked", "bidirectional", "stacked")
+ROUNDS = ((5, 7), (5, 3), (1, 6))  # (batch, time): batch unlike time, and batch 1
+RELATIVE = 1e-5
+_SEQUENCE_OPS = {"SequenceAt", "SequenceInsert", "SequenceEmpty", "SequenceConstruct", "SplitToSequence",
+                 "ConcatFromSequence", "SequenceLength"}
+
+
+def _build(flavor: str, case: tuple):
+    design, form = case
+    K = parity.keras_module(flavor)
+    x = K.Input((None, FEATURES), name="x")
+    inputs, h = [x], (K.layers.Masking()(x) if form == "masked" else x)
+    if design.constants:
+        k = K.Input((scan_cells.CONSTANT_FEATURES,), name="k")
+        inputs.append(k)
+        out = design.layer(K, return_sequences=True)(h, constants=k)
+    elif form == "bidirectional":
+        out = K.layers.Bidirectional(design.layer(K, return_sequences=True),
+                                     backward_layer=design.layer(K, return_sequences=True, go_backwards=True))(h)
+    elif form == "stacked":
+        out = design.layer(K, return_sequences=True)(h)
+        out = design.layer(K, go_backwards=True)(out)
+    else:
+        out = design.layer(K, return_sequences=True)(h)
+    model = K.Model(inputs if len(inputs) > 1 else x, out)
+    scan_cells.randomize(model, 7)
+    return model
+
+
+class _Case(tuple):
+    @property
+    def id(self) -> str:
+        return f"{self[0].name}-{self[1]}"
+
+
+CASES = [pytest.param(flavor, _Case((design, form)), id=f"{design.name}-{form}-{flavor}")
+         for design in DESIGNS for form in FORMS for flavor in parity.FLAVORS]
+CASES += [pytest.param("tf_keras", _Case((CONSTANTS, form)), id=f"constants-{form}-tf_keras")
+          for form in ("plain", "masked")]
+
+
+def _inputs(case: tuple, batch_time: tuple, seed: int) -> list:
+    design, form = case
+    if form == "masked":
+        x = masked_batch(batch_time, seed)
+    else:
+        x = np.random.default_rng(seed).standard_normal(batch_time + (FEATURES,)).astype(np.float32)
+    if design.constants:
+        return [x, np.random.default_rng(seed + 1).standard_normal(
+            (batch_time[0], scan_cells.CONSTANT_FEATURES)).astype(np.float32)]
+    return [x]
+
+
+def _expected_loops(case: tuple) -> int:
+    return 2 if case[1] in ("bidirectional", "stacked") else 1
+
+
+def _scans(proto) -> list:
+    return [n for n in helpers.all_nodes(proto) if n.op_type == "Scan"]
+
+
+@pytest.mark.parametrize("flavor, case", CASES)
+def test_equals_keras_in_onnxruntime(flavor, case):
+    entry = parity.converted_with(flavor, case, _build)
+    session = helpers.ort_session(entry.proto)
+    names = [i.name for i in session.get_inputs()]
+    for round_, batch_time in enumerate(ROUNDS):
+        arrays = _inputs(case, batch_time, seed=round_)
+        want = np.asarray(entry.model(arrays if len(arrays) > 1 else arrays[0], training=False))
+        (got,) = session.run(None, dict(zip(names, arrays)))
+        assert got.shape == want.shape, f"{batch_time}: {got.shape} != {want.shape}"
+        error = float(np.max(np.abs(got - want) / np.maximum(np.abs(want), 1.0)))
+        assert error <= RELATIVE, f"{batch_time}: relative error {error:.3g}\n{parity.report_table(entry.proto)}"
+
+
+@pytest.mark.parametrize("flavor, case", CASES)
+def test_every_loop_is_a_lean_scan_with_its_reason(flavor, case):
+    """No Loop anywhere; one Scan per loop; in each step no sequence or TensorList op and no read of an
+    outer sequence (the Scan slices them); the input's own work hoisted (only the recurrent MatMuls stay);
+    the report's rows say Scan and keep the matchers' reason."""
+    entry = parity.converted_with(flavor, case, _build)
+    ops = helpers.op_counts(entry.proto)
+    assert not ops["Loop"], parity.report_table(entry.proto)
+    scans = _scans(entry.proto)
+    assert len(scans) == _expected_loops(case), parity.report_table(entry.proto)
+    for scan in scans:
+        body = helpers.attribute(scan, "body")
+        body_ops = [n.op_type for n in body.node]
+        assert not set(body_ops) & _SEQUENCE_OPS and not any(op.startswith("TensorList") for op in body_ops)
+        local = {i.name for i in body.input} | {out for n in body.node for out in n.output}
+        reads = [n.name for n in body.node if n.op_type in ("Gather", "Slice") and n.input[0] not in local]
+        assert not reads, f"a step reads a row of an outer sequence itself: {reads}"
+        assert body_ops.count("MatMul") == case[0].loop_matmuls, body_ops
+    report = entry.get() and parity_report(entry.proto)
+    rows = report.scans
+    assert len(rows) == _expected_loops(case) and not report.loops, report.table()
+    for row in rows:  # the matchers' reason, not a fault of ours
+        assert row.node in {s.name for s in scans}, report.table()
+        assert row.reason.strip() and not row.reason.startswith("internal error"), report.table()
+
+
+def parity_report(proto):
+    from tf2onnx_rnn import report_of
+
+    return report_of(proto)
+
+
+_DOWNSTREAM = [pytest.param(flavor, _Case((design, form)), id=f"{design.name}-{form}-{flavor}")
+               for design in DESIGNS for form in ("plain", "masked") for flavor in parity.FLAVORS[:1]]
+
+
+@pytest.mark.parametrize("flavor, case", _DOWNSTREAM)
+def test_loads_and_equals_keras_in_openvino_and_tract(flavor, case, tmp_path):
+    """Every Scan-form model runs in OpenVINO (f32) and tract, equal to Keras within 1e-4."""
+    openvino = pytest.importorskip("openvino")
+    tract = pytest.importorskip("tract")
+    entry = parity.converted_with(flavor, case, _build)
+    path = str(tmp_path / "model.onnx")
+    onnx.save(entry.proto, path)
+    (x,) = _inputs(case, (3, 7), seed=5)
+    want = np.asarray(entry.model(x, training=False))
+    core = openvino.Core()
+    compiled = core.compile_model(core.read_model(path), "CPU", {"INFERENCE_PRECISION_HINT": "f32",
+                                                                   "INFERENCE_NUM_THREADS": 1})
+    got_openvino = np.asarray(compiled([x])[compiled.outputs[0]])
+    model = tract.onnx().load(path)
+    model.set_input_fact(0, "3,7,%d,f32" % FEATURES)
+    got_tract = model.into_model().into_runnable().run([x])[0].to_numpy()
+    for runtime, got in (("OpenVINO", got_openvino), ("tract", got_tract)):
+        assert float(np.max(np.abs(got - want))) <= 1e-4, f"{runtime}: {np.max(np.abs(got - want)):.3g}"
+
+
+# -- loops that are not a per-step map stay Loops, with the reason --------------------------------
+
+def _loop_model(cond_bound_offset: int = 0, read_offset: int = 0, trip_from_shape: bool = True) -> onnx.ModelProto:
+    """A hand-written Loop as tf2onnx writes one: ``h = tanh(x[t] + h)`` over ``x`` [T, B, H], its trip
+    count ``T`` (or a constant), its condition ``t + 1 < T + cond_bound_offset`` and its read ``x[t +
+    read_offset]``."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 2, 3])
+    h0 = helper.make_tensor_value_info("h0", TensorProto.FLOAT, [2, 3])
+    out = helper.make_tensor_value_info("hs", TensorProto.FLOAT, [None, 2, 3])
+    inits = [helper.make_tensor("zero", TensorProto.INT64, [], [0]),
+             helper.make_tensor("one", TensorProto.INT64, [], [1]),
+             helper.make_tensor("first", TensorProto.INT64, [1], [0]),
+             helper.make_tensor("second", TensorProto.INT64, [1], [1]),
+             helper.make_tensor("offset", TensorProto.INT64, [], [cond_bound_offset]),
+             helper.make_tensor("read_offset", TensorProto.INT64, [], [read_offset]),
+             helper.make_tensor("five", TensorProto.INT64, [], [5])]
+    outer = [helper.make_node("Shape", ["x"], ["shape"]),
+             helper.make_node("Slice", ["shape", "first", "second", "first"], ["t1"]),
+             helper.make_node("Squeeze", ["t1", "first"], ["steps"]),
+             helper.make_node("Add", ["steps", "offset"], ["bound"]) if cond_bound_offset else
+             helper.make_node("Identity", ["steps"], ["bound"]),
+             helper.make_node("Less", ["zero", "bound"], ["cond0"])]
+    body = helper.make_graph(
+        [helper.make_node("Add", ["t", "one"], ["t_next"]),
+         helper.make_node("Add", ["t", "read_offset"], ["row"]),
+         helper.make_node("Gather", ["x", "row"], ["x_t"], axis=0),
+         helper.make_node("Add", ["x_t", "h"], ["pre"]),
+         helper.make_node("Tanh", ["pre"], ["h_next"]),
+         helper.make_node("Identity", ["h_next"], ["h_out"]),
+         helper.make_node("Less", ["t_next", "bound"], ["cond_out"])],
+        "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("t", TensorProto.INT64, []),
+         helper.make_tensor_value_info("h", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("t_next", TensorProto.INT64, []),
+         helper.make_tensor_value_info("h_next", TensorProto.FLOAT, [2, 3]),
+         helper.make_tensor_value_info("h_out", TensorProto.FLOAT, [2, 3])])
+    loop = helper.make_node("Loop", ["steps" if trip_from_shape else "five", "cond0", "zero", "h0"],
+                            ["t_final", "h_final", "hs"], name="rnn/while_loop", body=body)
+    graph = helper.make_graph(outer + [loop], "g", [x, h0], [out], initializer=inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _scan_form(model: onnx.ModelProto):
+    from tf2onnx_rnn.rewriters.outcome import Findings, Outcome
+    from tf2onnx_rnn.rewriters.scan import scan_loops
+
+    findings = Findings([Outcome("rnn/while", "rnn", "unknown", "", "Loop", reason="not a SimpleRNN cell: test")])
+    scan_loops(model, findings)
+    return findings.outcomes[0]
+
+
+def _run(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
+    h0 = np.zeros((2, 3), np.float32)
+    return helpers.ort_session(model).run(None, {"x": x, "h0": h0})[0]
+
+
+def test_a_hand_written_per_step_loop_becomes_a_scan_with_the_same_outputs():
+    x = np.random.default_rng(0).standard_normal((6, 2, 3)).astype(np.float32)
+    model = _loop_model()
+    want = _run(model, x)
+    row = _scan_form(model)
+    assert row.became == "Scan" and [n.op_type for n in model.graph.node].count("Scan") == 1, row
+    onnx.checker.check_model(model, full_check=True)
+    np.testing.assert_allclose(_run(model, x), want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("kwargs, why", [
+    (dict(cond_bound_offset=-2), "early exit"),  # an early exit: the condition stops it 2 steps short
+    (dict(read_offset=1), "another step's row"),  # it reads the next step's row
+    (dict(trip_from_shape=False), "trip count is not the length"),  # 5 steps, whatever the sequence
+], ids=["early-exit", "reads-the-next-step", "constant-trip-count"])
+def test_a_loop_that_is_not_a_per_step_map_stays_a_loop_with_the_reason(kwargs, why):
+    model = _loop_model(**kwargs)
+    row = _scan_form(model)
+    assert row.became == "Loop" and why in row.reason and row.reason.startswith("not a SimpleRNN cell"), row
+    assert [n.op_type for n in model.graph.node].count("Loop") == 1
