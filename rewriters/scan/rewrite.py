@@ -42,8 +42,8 @@ def write_scan(loop: onnx.NodeProto, loop_map: LoopMap, scope: Scope, types: Typ
     invariant_outputs = {inv.step_input for inv in loop_map.invariants} & set(outputs)
     nodes = [helper.make_node("Identity", [inv.initial], [inv.step_input], name=fresh("invariant"))
              for inv in loop_map.invariants if inv.step_input in invariant_outputs]
-    read_nodes = {read.node for read in loop_map.reads}
-    nodes += [node for node in body.node if node.name not in read_nodes]
+    rows_read = {read.row for read in loop_map.reads}
+    nodes += [node for node in body.node if not (node.op_type == "Gather" and node.output[0] in rows_read)]
     _rename(nodes, {inv.step_input: inv.initial for inv in loop_map.invariants
                     if inv.step_input not in invariant_outputs})
     nodes = _live(nodes, outputs)
