@@ -479,10 +479,10 @@ def structure_problems(spec: ModelSpec, proto: onnx.ModelProto) -> tuple:
     if len(native) != fused_nodes:
         problems.append(f"more native nodes than layers: {len(native)} native recurrent nodes "
                         f"{[(n.op_type, helpers.direction_of(n)) for n in native]}, expected {fused_nodes}")
-    loop_rows = sum(o.became == "Loop" for o in outcomes)
+    loop_rows = sum(o.became in ("Loop", "Scan") for o in outcomes)
     if all(spec.expectation(ls) == "fused" for ls in spec.layers) and loops:
         problems.append(f"Loop/Scan nodes left: {[(n.op_type, n.name) for n in loops]}")
-    scans = [n.name for n in loops if n.op_type == "Scan"]
+    scans = [n.name for n in loops if n.op_type == "Scan" and n.name not in {o.node for o in outcomes}]
     if scans:
         problems.append(f"Scan nodes: {scans}")
     if len(loops) != loop_rows:

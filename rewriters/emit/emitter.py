@@ -15,7 +15,7 @@ from tf2onnx.graph_builder import GraphBuilder
 
 from ..description import MaskedOutput, NodeDirection, NoMatch, RecurrentLayer, StateRole
 from .kernels import NATIVE, NativeNodes, NodeInputs
-from .mask_forms import MaskForm, Masks
+from .mask_forms import MaskForm, Masks, PortableMask
 from .mask_tensors import LengthTensors, MaskTensors
 from .states import MODEL_STATES, StateWiring
 
@@ -304,6 +304,9 @@ def emit(graph, layer: RecurrentLayer, context: EmitContext) -> Emitted:
     leaves the graph as it was (apart from unused nodes, which tf2onnx removes).
     Returns what was built.
     """
+    if isinstance(context.masks.form, PortableMask) and any(p.P is not None for p in layer.passes):
+        raise NoMatch("peepholes: OpenVINO computes an ONNX LSTM's P input otherwise than onnxruntime and "
+                      "TensorFlow, so the portable form writes the cell as a Scan of its own step")
     form = context.masks.form_for(layer, context.states.final_roles(layer))
     native = context.kernels.builds_native(layer)
     emissions = [Emission(graph, part, context, form) for part in form.layers(layer)]

@@ -51,8 +51,6 @@ def scan_loops(model: onnx.ModelProto, findings: Findings) -> list:
             scope = Scope(model.graph)
             loop_map = read_loop(node, scope, types)
             done = write_scan(node, loop_map, scope, types, opset)
-            scope.refresh()
-            _drop_padding(scope, types, loop_map)
         except NoMatch as no_match:
             findings.outcomes[index] = dataclasses.replace(
                 row, reason=f"{row.reason}; not a Scan either: {no_match.reason}",
@@ -65,12 +63,24 @@ def scan_loops(model: onnx.ModelProto, findings: Findings) -> list:
                 row, reason=f"{row.reason}; internal error while writing the Scan form: {type(error).__name__}")
             continue
         written.append(done)
-        _drop_unused_initializers(model.graph)
+        _tidy(model.graph, scope, types, loop_map)
         findings.outcomes[index] = dataclasses.replace(
             row, became=SCAN, node=done.loop,
             form=f"a Scan of the loop's own step ({_hoisted_text(done)})")
         logger.info("%s: %s -> ONNX Scan (%s)", row.layer, row.kind, _hoisted_text(done))
     return written
+
+
+def _tidy(graph: onnx.GraphProto, scope: Scope, types: TypeTable, loop_map) -> None:
+    """What the Loop needed and the Scan does not: its outputs' padding, its counter's constants. The
+    Scan is written and exact either way: a fault here only leaves them."""
+    try:
+        scope.refresh()
+        _drop_padding(scope, types, loop_map)
+        _drop_unused_initializers(graph)
+    except Exception as error:  # noqa: BLE001 - see above
+        logger.warning("internal error while tidying after the Scan form: %s: %s", type(error).__name__, error,
+                       exc_info=True)
 
 
 def _drop_unused_initializers(graph: onnx.GraphProto) -> None:

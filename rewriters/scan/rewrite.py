@@ -14,6 +14,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from ..description import NoMatch
 from .folding import computed_reads, fold
 from .graph_index import Scope, TypeTable, attribute, fresh, reads, subgraphs, topological
 from .hoisting import hoist
@@ -66,6 +67,9 @@ def write_scan(loop: onnx.NodeProto, loop_map: LoopMap, scope: Scope, types: Typ
     # the body's types without the symbolic dims tf2onnx named: a consumer may unify names across graphs
     new_body = helper.make_graph(hoisted.body, body.name, body_inputs,
                                  [_value_info(name, types, declared.get(name, name), unnamed=True) for name in outputs])
+    untyped = [v.name for v in list(new_body.input) + list(new_body.output) if not v.type.tensor_type.elem_type]
+    if untyped:
+        raise NoMatch("the element type of a value the step carries or reads is not known", untyped[0])
     finals = [state.final or fresh("final_state") for state in loop_map.states] + [fresh("passed") for _ in passed]
     initials = [state.initial for state in loop_map.states] + [outer for outer, _, _ in passed]
     scan = helper.make_node("Scan", initials + list(rows.values()),
@@ -211,8 +215,8 @@ def _value_info(name: str, types: TypeTable, source: str, drop_first: bool = Fal
         shape = shape[1:]
     if shape is not None:
         shape = [d if d else None for d in shape]
-    if unnamed and shape is not None:
-        shape = [None] * len(shape)
+    if unnamed:  # names repeat across bodies (tf_keras's layers share their functions' names): no shape
+        shape = None
     return helper.make_tensor_value_info(name, elem, shape)
 
 
@@ -221,7 +225,7 @@ def _row_info(row: str, sequence: str, types: TypeTable, rank) -> onnx.ValueInfo
     row's, as the loop's body declared it), else its rank with unknown dims."""
     elem = types.elem_type(row) or types.elem_type(sequence)
     shape = types.shape(sequence)
-    shape = shape[1:] if shape is not None else types.shape(row)
+    shape = shape[1:] if shape is not None else None
     if shape is None and rank is not None:
         shape = [None] * rank
     return helper.make_tensor_value_info(row, elem, None if shape is None else [d if d else None for d in shape])
