@@ -263,3 +263,27 @@ def test_a_peephole_lstm_in_the_portable_form_is_a_scan_exact_in_openvino(tmp_pa
     assert float(np.max(np.abs(np.asarray(compiled([xv])[compiled.outputs[0]]) - want))) <= 1e-5
     (got,) = helpers.ort_session(default).run(None, {"x": xv})
     assert float(np.max(np.abs(got - want))) <= 1e-5
+
+
+@pytest.mark.parametrize("form", ["v1", "v2"])
+def test_a_tf1_dynamic_rnn_over_a_cell_no_node_names_has_no_loop(form):
+    """TF 1.x's ``dynamic_rnn`` over ``LSTMCell(num_proj)`` (no ONNX node projects its hidden state): in
+    both control-flow forms a Scan and no Loop, equal to the TensorFlow session."""
+    import tf1_graphs
+    from tf2onnx_rnn import convert_graph_def, report_of
+
+    case = tf1_graphs.Case("dynamic", "lstm_projection", False, form)
+    built = tf1_graphs.built(case)
+    proto = convert_graph_def(built.path, inputs=built.inputs, outputs=built.outputs)
+    ops = helpers.op_counts(proto)
+    assert ops["Scan"] == 1 and not ops["Loop"], report_of(proto).table()
+    (row,) = report_of(proto).outcomes
+    assert "num_proj" in row.reason, row
+    session = helpers.ort_session(proto)
+    for batch, time in ((3, 5), (1, 7)):
+        feeds = tf1_graphs.feeds_for(case, None, time)
+        feeds[0] = feeds[0][:batch]
+        want = built.run(feeds)
+        got = session.run(None, dict(zip([i.name for i in session.get_inputs()], feeds)))
+        for g, w in zip(got, want):
+            assert float(np.max(np.abs(g - w) / np.maximum(np.abs(w), 1.0))) <= RELATIVE

@@ -40,6 +40,19 @@ class Lengths:
             return self.value(node.input[0], scope)
         if node.op_type in ("Slice", "Gather"):
             return self._shape_entry(node, scope)
+        if node.op_type == "Min" and len(node.input) == 2:
+            return self._bounded(node, scope)
+        return None
+
+    def _bounded(self, node, scope: Scope):
+        """``Min(n, Max(k, n))`` is ``n`` (TF 1.x's ``dynamic_rnn`` bounds its loop so): the Max is never
+        below ``n``."""
+        for first, second in (node.input, reversed(node.input)):
+            length = self.value(first, scope)
+            other = scope.producer(scope.resolve(second))
+            if length is not None and other is not None and other.op_type == "Max" and \
+                    any(self.value(name, scope) == length for name in other.input):
+                return length
         return None
 
     def _shape_entry(self, node, scope: Scope):
