@@ -287,3 +287,26 @@ def test_a_tf1_dynamic_rnn_over_a_cell_no_node_names_has_no_loop(form):
         got = session.run(None, dict(zip([i.name for i in session.get_inputs()], feeds)))
         for g, w in zip(got, want):
             assert float(np.max(np.abs(g - w) / np.maximum(np.abs(w), 1.0))) <= RELATIVE
+
+
+def test_a_tflite_while_loop_the_readers_decline_becomes_a_scan(tmp_path):
+    """A Keras 3 LSTM(activation="selu") exported to TFLite is a WHILE loop no matcher claims: a Scan,
+    no Loop, equal to Keras (the TFLite interpreter's source)."""
+    import tensorflow as tf
+
+    from tf2onnx_rnn import convert_tflite, report_of
+
+    K = parity.keras_module(parity.FLAVORS[0])
+    x = K.Input((7, FEATURES), batch_size=1, name="x")
+    model = K.Model(x, K.layers.LSTM(4, activation="selu", return_sequences=True)(x))
+    scan_cells.randomize(model, 13)
+    path = str(tmp_path / "model.tflite")
+    with open(path, "wb") as stream:
+        stream.write(tf.lite.TFLiteConverter.from_keras_model(model).convert())
+    proto = convert_tflite(path, verify=True)
+    ops = helpers.op_counts(proto)
+    assert ops["Scan"] == 1 and not ops["Loop"], report_of(proto).table()
+    xv = np.random.default_rng(14).standard_normal((1, 7, FEATURES)).astype(np.float32)
+    session = helpers.ort_session(proto)
+    (got,) = session.run(None, {session.get_inputs()[0].name: xv})
+    assert float(np.max(np.abs(got - np.asarray(model(xv, training=False))))) <= 1e-5

@@ -88,7 +88,7 @@ def read_loop(node: onnx.NodeProto, scope: Scope, types: TypeTable) -> LoopMap:
     reads = _sequence_reads(inner, indices)
     require(bool(reads), "the loop reads no sequence a row a step", node.name)
     lengths = Lengths(scope, types)
-    if node.input[0]:
+    if _bounded(node, scope):
         _steps(node, reads, lengths, [])
     tests = [_test(inner, term, indices, lengths, node.name) for term in _conjuncts(inner, body.output[0].name)]
     steps = _steps(node, reads, lengths, tests)
@@ -170,7 +170,7 @@ def _steps(node: onnx.NodeProto, reads: list, lengths: Lengths, tests: list):
     """The symbolic number of steps: the trip count, or the length whose test ``index + 1 < length`` ends
     the loop; either must be the length of a sequence read."""
     rows = {lengths.axis(read.sequence, 0) for read in reads}
-    if node.input[0]:
+    if _bounded(node, lengths.scope):
         trip = lengths.value(node.input[0])
         require(trip is not None, "the loop's trip count is not a length the graph states", node.name)
         require(trip in rows, "the loop's trip count is not the length of the sequence it reads", node.name)
@@ -179,6 +179,15 @@ def _steps(node: onnx.NodeProto, reads: list, lengths: Lengths, tests: list):
     require(bool(ends), "the loop has no trip count, and its condition does not end it at the sequence's end",
             node.name)
     return ends[0]
+
+
+def _bounded(node: onnx.NodeProto, scope: Scope) -> bool:
+    """Whether the Loop has a trip count: a tensor, not a constant so large that only its condition ends
+    it (a TFLite WHILE loop converted by tf2onnx carries the largest int64)."""
+    if not node.input[0]:
+        return False
+    trip = scope.scalar(node.input[0])
+    return not (isinstance(trip, int) and trip >= 2 ** 62)
 
 
 def _conjuncts(scope: Scope, name: str) -> list:
