@@ -270,7 +270,7 @@ def check_trainable(model_proto: onnx.ModelProto) -> None:
         why = ""
         if node.op_type in ("Loop", "Scan"):
             why = "a Loop or Scan, which onnxruntime's training build cannot differentiate (a layer the report " \
-                  "says stayed a Loop)"
+                  "says stayed a Loop or became a Scan of its own step)"
         elif node.op_type == "RNN":
             why = "an RNN node, which has no gradient in onnxruntime: convert with target=\"training\" (--target " \
                   "training), which makes it a GRU computing the same"
