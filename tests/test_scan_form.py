@@ -310,3 +310,28 @@ def test_a_tflite_while_loop_the_readers_decline_becomes_a_scan(tmp_path):
     session = helpers.ort_session(proto)
     (got,) = session.run(None, {session.get_inputs()[0].name: xv})
     assert float(np.max(np.abs(got - np.asarray(model(xv, training=False))))) <= 1e-5
+
+
+@pytest.mark.parametrize("flavor", parity.FLAVORS)
+def test_mixed_float16_and_a_fixed_signature(flavor):
+    """A ``mixed_float16`` SimpleRNN(gelu) becomes a Scan computing in float16, within Keras's own float16
+    rounding (3e-2); the same layer converted at a fixed batch-1 signature is a Scan, exact."""
+    import tensorflow as tf
+
+    from tf2onnx_rnn import convert_keras
+
+    K = parity.keras_module(flavor)
+    x = K.Input((None, FEATURES), name="x")
+    half = K.Model(x, K.layers.SimpleRNN(4, activation="gelu", return_sequences=True, dtype="mixed_float16")(x))
+    full = K.Model(x, K.layers.SimpleRNN(4, activation="gelu", return_sequences=True)(x))
+    scan_cells.randomize(half, 15)
+    scan_cells.randomize(full, 16)
+    xv = np.random.default_rng(17).standard_normal((1, 6, FEATURES)).astype(np.float32)
+    signature = [tf.TensorSpec([1, 6, FEATURES], tf.float32, name="x")]
+    for model, proto, tolerance in ((half, convert_keras(half), 3e-2),
+                                    (full, convert_keras(full, input_signature=signature), 1e-5)):
+        ops = helpers.op_counts(proto)
+        assert ops["Scan"] == 1 and not ops["Loop"]
+        (got,) = helpers.ort_session(proto).run(None, {"x": xv})
+        want = np.asarray(model(xv, training=False)).astype(np.float32)
+        assert float(np.max(np.abs(got.astype(np.float32) - want))) <= tolerance
