@@ -36,6 +36,9 @@ from .readers.stacked import match_stack, stack_passes
 from .readers.unrolled import chain_pass, read_chain
 from .rows import LoopId, Rows, kind_hint, scope_name
 
+# a TFLite dynamic-range kernel: tf2onnx's own conversion of its loop computes in float as well (0.04 off the
+# interpreter, measured), so without the user's consent the loop is refused, not left to tf2onnx
+REQUANTIZED = "the TFLite kernel quantizes its inputs at run time"
 logger = logging.getLogger("tf2onnx_rnn")
 
 def _describe(error: Exception) -> str:
@@ -145,7 +148,7 @@ class RecurrentRewriter:
         only when the user allows computing in float; the note says so in the layer's row."""
         if not view.requantized:
             return ""
-        require(self.allowed.dequantize, "the TFLite kernel quantizes its inputs at run time (dynamic-range "
+        require(self.allowed.dequantize, REQUANTIZED + " (dynamic-range "
                 "quantization), which a native node cannot; convert with dequantize=True (--dequantize) to compute in "
                 "float with the stored weights", view.requantized)
         return ("computed in float with the stored weights, without the TFLite kernel's run-time quantization of its "
@@ -296,6 +299,8 @@ class RecurrentRewriter:
             return []
         if isinstance(entry, NoMatch):
             self.rows.kept(loop_id, entry.reason, entry.node)
+            if entry.reason.startswith(REQUANTIZED):  # tf2onnx's Loop computes it in float too: no exact fallback
+                self.findings.no_fallback.add(loop_id.loop)
             return []
         try:
             if isinstance(entry, StackMatch):
