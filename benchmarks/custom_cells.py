@@ -1,8 +1,8 @@
 """Latency of recurrences no ONNX node names: ours (a Scan of the loop's own step) against a Scan
 built by hand (the floor) and stock tf2onnx's Loop, in onnxruntime and OpenVINO.
 
-    python benchmarks/scan_cells.py                  # every case, results in benchmarks/results/
-    python benchmarks/scan_cells.py --smoke          # one case, one short round: checks the script runs
+    python benchmarks/custom_cells.py                  # every case, results in benchmarks/results/
+    python benchmarks/custom_cells.py --smoke          # one case, one short round: checks the script runs
 
 Cases (T=100, F=64, H=128, batch 1 and 16, Keras 3): SimpleRNN(activation="gelu"), the same behind
 Masking (rows of mixed lengths), an Elman cell with LayerNormalization on its pre-activation
@@ -235,10 +235,10 @@ def main(argv=None) -> int:
     print(text)
     if not args.smoke:
         os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "scan_cells.md"), "w") as stream:
+        with open(os.path.join(args.out, "custom_cells.md"), "w") as stream:
             stream.write("# Recurrences no ONNX node names: the Scan form\n\n" + __doc__.split("\n\n", 2)[2]
                          + "\n" + text + "\n")
-        with open(os.path.join(args.out, "scan_cells.json"), "w") as stream:
+        with open(os.path.join(args.out, "custom_cells.json"), "w") as stream:
             json.dump(results, stream, indent=1)
     return 0
 
