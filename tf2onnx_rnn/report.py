@@ -1,7 +1,8 @@
 """The conversion report: for every recurrent loop, what it became and, if it stayed a Loop, why.
 
-It is printed by the CLI, logged by the API, and stored in the ONNX model's
-``metadata_props`` under :data:`METADATA_KEY` as JSON (Netron shows it).
+The command line prints it, the Python API logs it (INFO, on the ``tf2onnx_rnn`` logger) and
+``report_of(model)`` returns it, and it is stored in the ONNX model's ``metadata_props`` under
+:data:`METADATA_KEY` as JSON (Netron shows it).
 """
 from __future__ import annotations
 
@@ -38,7 +39,8 @@ class LoopOutcome(Outcome):
 
 @dataclass
 class ConversionReport:
-    """Every recurrent loop's row, reconciled with the written model: printed, logged and stored."""
+    """Every recurrent loop's row, reconciled with the written model (printed by the command line,
+    logged by the API, stored in the model)."""
 
     outcomes: list = field(default_factory=list)  # LoopOutcome rows
     checked: str = ""  # what the converted model was checked against its source for, in one line
