@@ -227,7 +227,8 @@ def freeze_keras(model, input_signature, options) -> Frozen:
     renames = tensor_names_from_structed(concrete, inputs, outputs)
     by_key = {key: tensor for tensor, key in renames.items() if tensor in outputs}
     outputs = [by_key[key] for key in order if key in by_key] or outputs
-    with tf.device("/cpu:0"):
+    traced = concrete.graph.as_graph_def()
+    with tf.device("/cpu:0"), _eager_functions_kept(traced.library):
         try:
             graph_def, tables = tf_loader.from_trackable(model, concrete, inputs, outputs, options.large_model)
         except ValueError as error:  # tf2onnx's words for a graph over protobuf's 2 GB
@@ -237,7 +238,52 @@ def freeze_keras(model, input_signature, options) -> Frozen:
                                   f"{param('large_model')}") from error
     return Frozen(graph_def, getattr(model, "name", "keras"), inputs, outputs, renames, tables,
                   functools.partial(_layer_of_scope, scopes), stateful_layers=stateful_layers(model),
-                  traced=concrete.graph.as_graph_def())
+                  traced=traced, shape_override=_unranked_output_shapes(model, concrete, by_key, order) or None)
+
+
+def _unranked_output_shapes(model, concrete, by_key: dict, order: list) -> dict:
+    """Output tensor -> its shape as the Keras model declares it, for each output TensorFlow's trace gives no
+    rank (a layer reshaping to a shape it computes, such as Keras 3's ``associative_scan``): an ONNX graph
+    output needs one. Outputs whose trace has a rank keep it."""
+    declared = list(getattr(model, "outputs", None) or [])
+    ranks = {t.name: t.shape.rank for t in concrete.outputs}
+    shapes = {}
+    for index, key in enumerate(order):
+        tensor = by_key.get(key)
+        if tensor is None or ranks.get(tensor) is not None or index >= len(declared) or len(order) != len(declared):
+            continue
+        shape = getattr(declared[index], "shape", None)
+        if shape is not None and getattr(shape, "rank", len(tuple(shape))) is not None:
+            shapes[tensor] = [None if d is None else int(d) for d in tuple(shape)]
+    return shapes
+
+
+class _eager_functions_kept:
+    """Inside the block, freezing may unregister the traced call's functions (``library``: its while-loop
+    bodies and conditions) from TensorFlow's eager context; on leaving, every one of them that was
+    registered is registered again.
+
+    TensorFlow's ``convert_variables_to_constants_v2`` (which tf2onnx freezes with) removes them to
+    register the frozen copies in their place, but when building the frozen function fails (it does for
+    a model with stateful tf_keras layers: "incompatible with expected resource"), tf2onnx falls back to
+    another freezing path and nothing is registered again. The traced function still owns them: when it is
+    garbage-collected, TensorFlow removes each one again and, finding it gone, prints "Exception ignored
+    in AtomicFunction.__del__ ... Tried to remove non-existent function" wherever the collection happens."""
+
+    def __init__(self, library):
+        from tensorflow.python.eager import context
+
+        self._context = context.context()
+        self._functions = [f for f in library.function if self._context.has_function(f.signature.name)]
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        for function_def in self._functions:
+            if not self._context.has_function(function_def.signature.name):
+                self._context.add_function_def(function_def)
+        return False
 
 
 def _unique(names: list) -> list:
