@@ -8,6 +8,7 @@ and outputs, so the rest of the graph and the report's reconciliation see the sa
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,6 +37,7 @@ def write_scan(loop: onnx.NodeProto, loop_map: LoopMap, scope: Scope, types: Typ
     body = onnx.GraphProto()
     body.CopyFrom(attribute(loop, "body"))
     outer_nodes, initializers = [], _promoted_initializers(body, scope)
+    loop_map, twins = _merge_twin_states(loop_map, body, scope)
     outputs = [state.step_output for state in loop_map.states] + [out for out, _ in loop_map.step_outputs]
     declared = {}  # a body output -> the loop body's output whose type it has
     outputs, copies = _distinct_outputs(outputs, list(body.node), declared)
@@ -79,9 +81,73 @@ def write_scan(loop: onnx.NodeProto, loop_map: LoopMap, scope: Scope, types: Typ
                             body=new_body, num_scan_inputs=len(rows))
     after = [helper.make_node("Identity", [inv.initial], [inv.final], name=fresh("invariant"))
              for inv in loop_map.invariants if inv.final and scope.used(inv.final)]
+    after += [helper.make_node("Identity", [kept], [merged], name=fresh("twin_state"))
+              for merged, kept in twins if merged and scope.used(merged)]
     _replace(scope.graph, loop, outer_nodes + [scan] + after)
     scope.graph.initializer.extend(initializers)
     return Written(loop.name, len(loop_map.states), len(rows), hoisted.moved)
+
+
+def _merge_twin_states(loop_map: LoopMap, body: onnx.GraphProto, scope: Scope) -> tuple:
+    """One state where the loop carries two that always hold the same value: both start as zeros and each
+    step updates them by the same node, reading the same tensors but for the state itself (Keras 3's
+    masked layers carry their previous output beside h, both ``Where(mask_t, new, old)`` from zeros).
+    (the loop map with one of each pair, [(the dropped state's final, the kept state's final)])."""
+    producer = {out: node for node in body.node for out in node.output}
+
+    def update(state):
+        name = state.step_output
+        while name in producer and producer[name].op_type == "Identity":
+            name = producer[name].input[0]
+        return producer.get(name)
+
+    states, twins = list(loop_map.states), []
+    for kept in list(states):
+        for other in list(states):
+            if other is kept or other not in states or kept not in states:
+                continue
+            a, b = update(kept), update(other)
+            if a is None or b is None or a is b or not _same_step(a, b, kept.step_input, other.step_input) or \
+                    not (_zero_filled(kept.initial, scope) and _zero_filled(other.initial, scope)):
+                continue
+            _rename(list(body.node), {other.step_input: kept.step_input, b.output[0]: a.output[0]})
+            keep = [node for node in body.node if node is not b and node.output[0] != b.output[0]]
+            del body.node[:]
+            body.node.extend(keep)
+            producer = {out: node for node in body.node for out in node.output}
+            states.remove(other)
+            twins.append((other.final, kept.final))
+    return dataclasses.replace(loop_map, states=tuple(states)), twins
+
+
+def _same_step(a: onnx.NodeProto, b: onnx.NodeProto, state_a: str, state_b: str) -> bool:
+    """Whether ``b`` computes from ``state_b`` what ``a`` computes from ``state_a`` (one node, one output)."""
+    if a.op_type != b.op_type or a.domain != b.domain or len(a.output) != 1 or len(b.output) != 1 or \
+            len(a.input) != len(b.input) or subgraphs(a) or subgraphs(b):
+        return False
+    if sorted(x.SerializeToString() for x in a.attribute) != sorted(x.SerializeToString() for x in b.attribute):
+        return False
+    return all(x == y or (x == state_a and y == state_b) for x, y in zip(a.input, b.input)) and \
+        state_a in a.input
+
+
+def _zero_filled(name: str, scope: Scope) -> bool:
+    """Whether an outer tensor is all zeros by construction: a constant, a ConstantOfShape of zero, an
+    Expand of a zero constant."""
+    value = scope.constant(name)
+    if value is not None:
+        return not np.any(value)
+    node = scope.producer(scope.resolve(name))
+    if node is None:
+        return False
+    if node.op_type == "ConstantOfShape":
+        fill = attribute(node, "value")
+        return fill is None or not np.any(numpy_helper.to_array(fill))
+    if node.op_type in ("Expand", "Cast", "Identity"):
+        source = scope.constant(node.input[0])
+        return (source is not None and not np.any(source)) or (node.op_type != "Expand" and
+                                                               _zero_filled(node.input[0], scope))
+    return False
 
 
 def _distinct_outputs(outputs: list, nodes: list, declared: dict) -> tuple:
