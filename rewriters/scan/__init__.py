@@ -21,7 +21,7 @@ import onnx
 from ..description import NoMatch
 from ..emit.padded_lists import PADDED_NAME
 from ..outcome import LOOP, SCAN, Findings
-from .graph_index import Scope, TypeTable, attribute, reads, subgraphs
+from .graph_index import Scope, TypeTable, attribute, reads, subgraphs, upstream
 from .lengths import Lengths
 from .loop_reading import read_loop
 from .rewrite import Written, write_scan
@@ -127,13 +127,7 @@ def _padded_length(scope: Scope, concat: onnx.NodeProto, lengths: Lengths):
 
 
 def _ancestor_nodes(scope: Scope, node: onnx.NodeProto) -> set:
-    found, pending = set(), list(node.input)
-    while pending:
-        producer = scope.producer(pending.pop())
-        if producer is not None and producer.name not in found:
-            found.add(producer.name)
-            pending.extend(producer.input)
-    return found
+    return {found.name for found in upstream(node.input, scope.producer)[1].values()}
 
 
 def _rename_reads(graph: onnx.GraphProto, old: str, new: str) -> None:

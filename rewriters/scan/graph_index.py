@@ -7,7 +7,7 @@ semantics: a subgraph's reads of an outer value count as reads by the node that 
 from __future__ import annotations
 
 import itertools
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
 
 import numpy as np
 import onnx
@@ -157,6 +157,22 @@ class Scope:
 
     def used(self, name: str) -> bool:
         return bool(self.readers.get(name)) or name in self.graph_outputs
+
+
+def upstream(names: Iterable[str], producer: Callable[[str], Optional[onnx.NodeProto]]) -> tuple:
+    """Everything ``names`` are computed from: (the tensors, the nodes by ``id``) met walking producers
+    back (a node's reads include what its subgraphs take from outside)."""
+    tensors, nodes, pending = set(), {}, list(names)
+    while pending:
+        name = pending.pop()
+        if name in tensors:
+            continue
+        tensors.add(name)
+        node = producer(name)
+        if node is not None and id(node) not in nodes:
+            nodes[id(node)] = node
+            pending.extend(reads(node))
+    return tensors, nodes
 
 
 def topological(nodes: Iterable[onnx.NodeProto], available: set) -> list:

@@ -14,7 +14,7 @@ from typing import Optional
 import onnx
 
 from ..description import NoMatch, require
-from .graph_index import Scope, TypeTable, attribute
+from .graph_index import Scope, TypeTable, attribute, upstream
 from .lengths import Lengths
 
 _INTEGER_CASTS = frozenset({onnx.TensorProto.INT32, onnx.TensorProto.INT64, onnx.TensorProto.INT16,
@@ -154,16 +154,7 @@ def _sequence_reads(inner: Scope, indices: set) -> list:
 
 
 def _ancestors(inner: Scope, name: str) -> set:
-    seen, pending = set(), [name]
-    while pending:
-        current = pending.pop()
-        if current in seen:
-            continue
-        seen.add(current)
-        node = inner.producer(current)
-        if node is not None:
-            pending.extend(i for i in node.input if i)
-    return seen
+    return upstream([name], inner.producer)[0]
 
 
 def _steps(node: onnx.NodeProto, reads: list, lengths: Lengths, tests: list):

@@ -17,7 +17,7 @@ from onnx import helper, numpy_helper
 
 from ..description import NoMatch
 from .folding import computed_reads, fold
-from .graph_index import Scope, TypeTable, attribute, fresh, outer_reads, reads, subgraphs, topological
+from .graph_index import Scope, TypeTable, attribute, fresh, outer_reads, reads, subgraphs, topological, upstream
 from .hoisting import hoist
 from .loop_reading import LoopMap
 
@@ -236,16 +236,7 @@ def _promoted_initializers(body: onnx.GraphProto, scope: Scope) -> list:
 def _live(nodes: list, outputs: list) -> list:
     """``nodes`` that what ``outputs`` needs reads, in their order."""
     producer = {out: node for node in nodes for out in node.output}
-    needed, pending, live = set(), list(outputs), set()
-    while pending:
-        name = pending.pop()
-        if name in needed:
-            continue
-        needed.add(name)
-        node = producer.get(name)
-        if node is not None and id(node) not in live:
-            live.add(id(node))
-            pending.extend(reads(node))
+    _, live = upstream(outputs, producer.get)
     return [node for node in nodes if id(node) in live]
 
 
