@@ -13,7 +13,7 @@ WHILE_OPS = ("While", "StatelessWhile")  # the TensorFlow ops a recurrent layer'
 LOOP = "Loop"  # ``became`` of a loop left as tf2onnx's exact Loop
 REMOVED = "removed"  # ``became`` of a loop whose outputs nothing used: tf2onnx dropped it
 UNROLLED = "unrolled ops"  # ``became`` of an unrolled layer (unroll=True) left as its steps' own ops
-SCAN = "Scan"  # ``became`` of a loop no native node computes, written as a Scan of its own step
+SCAN = "Scan"  # ``became`` of a loop written as a Scan (of its own step: ``own_step``; or target onnxruntime's form)
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,7 @@ class Outcome:
     cell_nodes: tuple = ()  # a StackedRNNCells loop: the nodes of the cells below ``node`` (the top cell's)
     unrolled: int = 0  # an unrolled layer (no loop; ``loop`` names its Unpack): its number of steps
     form: str = ""  # how the recurrence is computed when not by ``became``'s native node alone (target onnxruntime)
+    own_step: bool = False  # no native node: the loop written as a Scan of its own step (``became`` is SCAN)
 
 
 @dataclass

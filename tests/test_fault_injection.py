@@ -350,7 +350,7 @@ def problems_of(flavor: str, model_proto, warnings: list, target: Optional[Targe
     by_name = {n.name: n for n in nodes}
     computing = {o.node for o in report.outcomes if o.fused and o.became in parity.LOOP_OPS}  # target onnxruntime
     loop_nodes = sorted(n.name for n in nodes if n.op_type in parity.LOOP_OPS and n.name not in computing)
-    loop_rows = sorted(o.loop + LOOP_SUFFIX for o in report.outcomes if o.became in ("Loop", "Scan"))
+    loop_rows = sorted(o.loop + LOOP_SUFFIX for o in report.outcomes if o.became == "Loop" or o.own_step)
     if loop_rows != loop_nodes:
         found.append(f"rows left as Loop {loop_rows}, Loop nodes in the graph {loop_nodes}")
     if loop_nodes and "nothing to fuse" in report.summary():
@@ -367,12 +367,12 @@ def problems_of(flavor: str, model_proto, warnings: list, target: Optional[Targe
                 found.append(f"{o.layer}: reported fused into {o.became} node {o.node!r}, which the graph "
                              f"{'holds as ' + node.op_type if node is not None else 'does not hold'}")
         internal = o.reason.startswith(INTERNAL)
-        if o.became in ("Loop", "Scan") and was is not None and was.fused:
+        if (o.became == "Loop" or o.own_step) and was is not None and was.fused:
             if not internal:
                 found.append(f"{o.layer}: fused unfaulted, a Loop now, but the reason is {o.reason!r}")
             if not any(o.layer in message for message in warnings):
                 found.append(f"{o.layer}: stays a Loop through a fault, but no WARNING names it")
-        elif internal and o.became not in ("Loop", "Scan"):
+        elif internal and not (o.became == "Loop" or o.own_step):
             found.append(f"{o.layer}: became {o.became} but the reason says {o.reason!r}")
     return found
 

@@ -23,7 +23,7 @@ from .options import Options, check_tolerance
 from .output import LARGE_MODEL_KEY, check_output_path, save_model
 from .probes import check_loadable, fits_in_protobuf, stamp_ir_version
 from .reconcile import reconcile, recurrent_loops, unrolled_layers
-from .report import LOOP, SCAN, ConversionReport
+from .report import LOOP, ConversionReport
 from .shape_check import check_output_shapes
 from .sources import Frozen, Source
 from .sources.graph_def import Checkpoint, GraphDefFile
@@ -256,7 +256,7 @@ def check_streamed(report: ConversionReport) -> None:
     :class:`ConversionError` naming each layer that cannot and why."""
     refused: dict = {}  # (layer, kind, why) -> directions, once per layer however many loops it has
     for o in report.outcomes:
-        if o.became == SCAN:  # a Scan carries what its step carries: which of that are the layer's states is unknown
+        if o.own_step:  # a Scan carries what its step carries: which of that are the layer's states is unknown
             refused.setdefault((o.layer, o.kind, "written as a Scan of its own step, whose states are not streamed "
                                 f"(no native node: {o.reason})"), []).append(o.direction)
         elif not o.state_outputs:

@@ -16,7 +16,7 @@ from typing import Callable, Iterable, Optional
 import onnx
 
 from .probes import graph_nodes
-from .report import LOOP, REMOVED, SCAN, UNROLLED, ConversionReport, LoopOutcome
+from .report import LOOP, REMOVED, UNROLLED, ConversionReport, LoopOutcome
 from .rewriters.outcome import WHILE_OPS, Findings
 from .rewriters.rows import kind_hint, scope_name
 
@@ -127,7 +127,7 @@ def reconcile(findings: Findings, loops: list, model_proto: onnx.ModelProto,
         if kind == "unknown":  # the layer's name may tell (a TF 1.x loop's is its cell's scope)
             kind = _hint(layer)
         if loop.name in still_loops:
-            if row is not None and (row.became == LOOP or (row.became == SCAN and row.node in scans)):
+            if row is not None and (row.became == LOOP or (row.own_step and row.node in scans)):
                 return row
             reason = ("internal error: reported as fused, but the loop is still in the written model"
                       if row is not None else

@@ -24,7 +24,7 @@ class LoopOutcome(Outcome):
     @property
     def fused(self) -> bool:
         """Whether it became a native node (a Scan of its own step is not one)."""
-        return self.became not in (LOOP, REMOVED, UNROLLED, SCAN)
+        return self.became not in (LOOP, REMOVED, UNROLLED) and not self.own_step
 
     @property
     def left_as(self) -> str:
@@ -58,7 +58,7 @@ class ConversionReport:
     @property
     def scans(self) -> list:
         """Loops no native node computes, written as a Scan of their own step."""
-        return [o for o in self.outcomes if o.became == SCAN]
+        return [o for o in self.outcomes if o.own_step]
 
     @property
     def unrolled(self) -> list:
@@ -91,7 +91,7 @@ class ConversionReport:
                 if o.state_outputs:
                     details += f"; states in: {', '.join(i or '(the model gives it)' for i in o.state_inputs)}"
                     details += f", out: {', '.join(o.state_outputs)}"
-            elif o.became == SCAN:
+            elif o.own_step:
                 details = f"{o.form}; no native node: {o.reason}"
                 details += f"; mask: {o.mask}" if o.mask else ""
             else:

@@ -57,15 +57,16 @@ def scan_loops(model: onnx.ModelProto, findings: Findings) -> list:
                 where=row.where or no_match.node)
             continue
         except Exception as error:  # noqa: BLE001 - the loop stays as it was, the row says why
+            logger.debug("writing the Scan form of %s raised", row.layer, exc_info=True)
             logger.warning("%s: internal error while writing the Scan form: %s: %s", row.layer,
-                           type(error).__name__, error, exc_info=True)
+                           type(error).__name__, error)
             findings.outcomes[index] = dataclasses.replace(
                 row, reason=f"{row.reason}; internal error while writing the Scan form: {type(error).__name__}")
             continue
         written.append(done)
         _tidy(model.graph, scope, types, loop_map)
         findings.outcomes[index] = dataclasses.replace(
-            row, became=SCAN, node=done.loop,
+            row, became=SCAN, node=done.loop, own_step=True,
             form=f"a Scan of the loop's own step ({_hoisted_text(done)})")
         logger.info("%s: %s -> ONNX Scan (%s)", row.layer, row.kind, _hoisted_text(done))
     return written
@@ -79,8 +80,8 @@ def _tidy(graph: onnx.GraphProto, scope: Scope, types: TypeTable, loop_map) -> N
         _drop_padding(scope, types, loop_map)
         _drop_unused_initializers(graph)
     except Exception as error:  # noqa: BLE001 - see above
-        logger.warning("internal error while tidying after the Scan form: %s: %s", type(error).__name__, error,
-                       exc_info=True)
+        logger.debug("tidying after the Scan form raised", exc_info=True)
+        logger.warning("internal error while tidying after the Scan form: %s: %s", type(error).__name__, error)
 
 
 def _drop_unused_initializers(graph: onnx.GraphProto) -> None:
