@@ -97,10 +97,12 @@ def test_rejected_layer_stays_an_exact_loop(monkeypatch, target, attribute, repl
     ops = helpers.op_types(model_proto)
     report = tf2onnx_rnn.report_of(model_proto)
     by_kind = {o.kind: o for o in report.outcomes}
-    # no native node: the loop is written as a Scan of its own step, exact, and the row keeps the reason
-    assert by_kind["GRU"].became == "Scan"
-    assert reason in by_kind["GRU"].reason
-    assert "Scan" in ops and "Loop" not in ops and "GRU" not in ops
+    if by_kind["GRU"].became == "GRU":  # Keras 2.15's GRU loop, which tf2onnx's own rewriter fuses once ours declines
+        assert "tf2onnx's own" in by_kind["GRU"].activations and "GRU" in ops and attribute == "match"
+    else:  # no native node: the loop is written as a Scan of its own step, exact, and the row keeps the reason
+        assert by_kind["GRU"].became == "Scan"
+        assert reason in by_kind["GRU"].reason
+        assert "Scan" in ops and "Loop" not in ops and "GRU" not in ops
     if attribute == "match":
         assert by_kind["SimpleRNN"].became == "RNN" and "RNN" in ops
     result = verify_keras(model, model_proto, tolerance=1e-5)
