@@ -126,9 +126,9 @@ def _with_constants(K, units):
 
 @dataclass(frozen=True)
 class Design:
-    """One recurrence: ``layer(K, **kwargs)`` makes the recurrent layer; ``scans``: how many Scans it
-    becomes (two for a Bidirectional); ``loop_matmuls``: MatMuls that must stay in each step (the
-    recurrent ones: the input's are hoisted)."""
+    """One recurrence: ``layer(K, **kwargs)`` makes the recurrent layer; ``loop_matmuls``: MatMuls that
+    must stay in each step (the recurrent ones: the input's are hoisted); ``constants``: the cell reads a
+    constant input (tf_keras's ``constants``)."""
 
     name: str
     layer: Callable

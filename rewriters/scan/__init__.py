@@ -21,7 +21,7 @@ import onnx
 from ..description import NoMatch
 from ..emit.padded_lists import PADDED_NAME
 from ..outcome import LOOP, SCAN, Findings
-from .graph_index import Scope, TypeTable, attribute, reads, subgraphs, upstream
+from .graph_index import Scope, TypeTable, reads, subgraphs, upstream
 from .lengths import Lengths
 from .loop_reading import read_loop
 from .rewrite import Written, write_scan
@@ -151,4 +151,4 @@ def _remove_unused(scope: Scope, candidates: set) -> None:
         scope.graph.node.extend(kept)
 
 
-__all__ = ["scan_loops", "Written", "attribute", "reads"]
+__all__ = ["Written", "scan_loops"]

@@ -13,7 +13,7 @@ from typing import Optional
 import onnx
 from onnx import helper, numpy_helper
 
-from .graph_index import Scope, reads
+from .graph_index import Scope, outer_reads
 
 
 def fold(nodes: list, scope: Scope, initializers: list, opset: int) -> list:
@@ -59,9 +59,5 @@ def _evaluate(node: onnx.NodeProto, values: list, opset: int) -> Optional[list]:
 
 def computed_reads(body: onnx.GraphProto, scope: Scope, constants: set) -> list:
     """The tensors ``body`` reads from outside that are not constants: computed in the graph around."""
-    from .graph_index import outer_reads
-
     return sorted(name for name in outer_reads(body) if name not in constants and scope.constant(name) is None)
 
-
-__all__ = ["fold", "computed_reads", "reads"]

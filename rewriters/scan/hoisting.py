@@ -49,7 +49,8 @@ class _Lifter:
     """Builds the sequence form of one body node; None when its op does not treat a leading axis as a
     batch axis, or the ranks that would show it are unknown."""
 
-    def __init__(self, scope: Scope, types: TypeTable, opset: int, hoisted: Hoisted):
+    def __init__(self, scope: Scope, types: TypeTable, opset: int, hoisted: Hoisted, seq: dict):
+        self._seq = seq  # a per-step tensor -> its sequence outside (the rules add what they make)
         self.scope = scope
         self.types = types
         self.opset = opset
@@ -110,8 +111,7 @@ class _Lifter:
                 copy.attribute.append(helper.make_attribute(key, value))
         return copy
 
-    # each rule: (node, varying, ranks) -> (nodes, rank at one step) or None; ``self._seq`` is the
-    # current per-step -> sequence map (set by ``hoist``)
+    # each rule: (node, varying, ranks) -> (nodes, rank at one step) or None
     def _broadcast(self, node, varying, ranks):
         present = [r for r, name in zip(ranks, node.input) if name]
         top = max(present)
@@ -239,10 +239,9 @@ def hoist(body: list, rows: dict, row_ranks: dict, step_inputs: set, scope: Scop
     (its carried states); ``keep(name)``: whether a body tensor is a body output.
     """
     hoisted = Hoisted()
-    lifter = _Lifter(scope, types, opset, hoisted)
-    lifter.rank.update(row_ranks)
     seq = dict(rows)  # per-step tensor -> its sequence outside
-    lifter._seq = seq
+    lifter = _Lifter(scope, types, opset, hoisted, seq)
+    lifter.rank.update(row_ranks)
     invariant: set = set()  # body tensors now made outside, unchanged
     varying = set(step_inputs)  # what depends on a carried state
     local = {out for node in body for out in node.output} | set(rows) | set(step_inputs)
