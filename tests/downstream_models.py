@@ -137,21 +137,21 @@ def consumer_problems(proto: onnx.ModelProto) -> list:
 
 def structure_problems(case: Case, form: str, proto: onnx.ModelProto) -> list:
     """What the form promises of the graph: fused, no ``sequence_lens`` (the matrix's forms have
-    none: masked models are portable), one-direction nodes running forward in the portable form,
-    every initial state given there (tract builds absent ones wrongly), and nothing a consumer reads
-    otherwise than ONNX."""
+    none: masked models are portable), one-direction nodes running forward (tract runs a
+    ``direction="reverse"`` node forward) and nothing a consumer lacks or reads otherwise than ONNX
+    in every form, every initial state given in the portable form (tract builds absent ones wrongly)."""
     nodes = helpers.nodes_of_types(proto, helpers.RECURRENT_OPS)
     problems = []
     if helpers.nodes_of_types(proto, helpers.LOOP_OPS) or not nodes:
         problems.append(f"not fused: {helpers.op_counts(proto)}")
     if any(has_sequence_lens(n) for n in nodes):
         problems.append("a native node has a sequence_lens input")
+    if any(helpers.direction_of(n) != "forward" for n in nodes if not case.bidirectional):
+        problems.append(f"a one-direction node does not run forward ({form} form)")
+    problems += consumer_problems(proto)
     if form == PORTABLE:
-        if any(helpers.direction_of(n) != "forward" for n in nodes if not case.bidirectional):
-            problems.append("a portable one-direction node does not run forward")
         for node in nodes:
             states = list(node.input[5:7 if node.op_type == "LSTM" else 6])
             if len(states) != (2 if node.op_type == "LSTM" else 1) or not all(states):
                 problems.append(f"a portable node does not take every initial state: {list(node.input)}")
-        problems += consumer_problems(proto)
     return problems

@@ -13,9 +13,10 @@ What each runtime needs, and why the portable target exists:
 
 - tract takes ``sequence_lens`` only as a constant: the default masked model (computed
   ``sequence_lens``) is refused with "Non constant seq_len is not supported". tract also runs a
-  ``direction="reverse"`` node forward (it takes the direction from W's number of directions), so
-  an unmasked go_backwards layer is exact there only in the portable form, whose nodes all run
-  forward. With no initial state given, tract's recurrent ops build the zero state themselves:
+  lone ``direction="reverse"`` node forward (it takes the direction from W's number of directions),
+  so no form writes one for an unmasked layer: a go_backwards layer runs forward over its input
+  reversed by a Slice (tract and onnx2torch have no ReverseSequence either). With no initial
+  state given, tract's recurrent ops build the zero state themselves:
   a symbolic batch size then aborts the process (a Rust panic, ``UndeterminedSymbol``) and an LSTM
   whose sequence and final states are all outputs stops ("Clashing resolution for expression").
   The portable form gives every node its zero states explicitly: an unmasked model runs there with
@@ -111,15 +112,11 @@ def problems_of(label: str, expected: list, actual: list, tolerance: float) -> l
 
 # -- the matrix ---------------------------------------------------------------------------------
 
-def has_reverse_node(proto: onnx.ModelProto) -> bool:
-    return any(helpers.direction_of(n) == "reverse" for n in helpers.nodes_of_types(proto, helpers.RECURRENT_OPS))
-
-
 @pytest.mark.parametrize("case, form", MATRIX, ids=[f"{case.id}-{form}" for case, form in MATRIX])
 def test_runs_downstream(case: Case, form: str, downstream_dir):
     """onnxruntime, OpenVINO and tract within 1e-4 of Keras; onnxslim leaves the results as they
     were; float16 within 1e-2. All checked and reported together (one conversion per case and
-    form). tract runs the default form only where it has no reverse node (see the docstring)."""
+    form). tract runs the default form too, but for an LSTM returning its states (TRACT_FAILS)."""
     entry = converted(case, form, downstream_dir)
     problems = structure_problems(case, form, entry.proto)
     reference = run_onnxruntime(entry.proto, entry.x)
@@ -127,7 +124,7 @@ def test_runs_downstream(case: Case, form: str, downstream_dir):
     runtimes = [("OpenVINO", lambda: run_openvino(entry.path, entry.x))]
     if form == PORTABLE:  # an unmasked model with a symbolic batch size
         runtimes.append(("tract", lambda: run_tract(entry.path, entry.x, batch=case.masked)))
-    elif case not in TRACT_FAILS and not has_reverse_node(entry.proto):
+    elif case not in TRACT_FAILS:
         runtimes.append(("tract", lambda: run_tract(entry.path, entry.x)))
     for name, run in runtimes:
         try:
@@ -191,17 +188,6 @@ def test_default_masked_form_in_openvino_with_dynamic_shapes(case: Case, downstr
     two loops that honour sequence_lens; they are exact.)"""
     entry = converted(case, DEFAULT, downstream_dir)
     problems = problems_of("OpenVINO", entry.expected, run_openvino(entry.path, entry.x), TOLERANCE)
-    assert not problems, problems
-
-
-@pytest.mark.xfail(reason="tract runs a direction=reverse node forward", strict=False)
-@pytest.mark.parametrize("case", [c for c in CASES if not c.masked and not c.bidirectional], ids=lambda case: case.id)
-def test_default_reverse_node_in_tract(case: Case, downstream_dir):
-    """An unmasked go_backwards layer is a ``direction="reverse"`` node by default; tract runs it
-    forward. Fails while tract does; the portable form is exact there (test_runs_downstream)."""
-    entry = converted(case, DEFAULT, downstream_dir)
-    assert has_reverse_node(entry.proto)
-    problems = problems_of("tract", entry.expected, run_tract(entry.path, entry.x), TOLERANCE)
     assert not problems, problems
 
 

@@ -115,6 +115,7 @@ class Emission:
                           f"{', '.join(kind.element_types)}): the layer stays an exact Loop")
         self.layer = layer = context.states.prepare(graph, layer, context.current(layer.x))
         self.builder = GraphBuilder(graph)
+        self._reversals: dict = {}  # reversed_in_time's outputs -> their inputs
         self.name = utils.make_name(layer.name.replace("/", "_") + "_" + layer.first.kind.onnx_op)
         self.replacements: list = []
         self.mask = None
@@ -286,9 +287,14 @@ class Emission:
         return self.mask.restore(sequence(), wiring.masked_output, start and self.current(start), backward)
 
     def reversed_in_time(self, sequence: str) -> str:
-        """[T, ...] with the time axis reversed as a whole."""
-        return self.builder.make_slice({"data": sequence, "starts": [-1], "ends": [-(2 ** 62)], "steps": [-1],
-                                        "axes": [0]})
+        """[T, ...] with the time axis reversed as a whole (a reversal of this emission's own reversal
+        is its input: reversing twice costs two copies and computes nothing)."""
+        if sequence in self._reversals:
+            return self._reversals[sequence]
+        reversed_ = self.builder.make_slice({"data": sequence, "starts": [-1], "ends": [-(2 ** 62)], "steps": [-1],
+                                             "axes": [0]})
+        self._reversals[reversed_] = sequence
+        return reversed_
 
     def replace(self, olds, new: str) -> None:
         self.replacements.extend((old, new) for old in olds)

@@ -138,13 +138,18 @@ class Masks:
     forward_nodes: bool = False  # every node runs forward (target "training": the training kernels' only one)
 
     def form_for(self, layer: RecurrentLayer, final_roles: set) -> MaskForm:
-        """The form ``layer`` takes (``final_roles``: the states its node must give at its end). The
-        portable form also takes an unmasked layer that would run ``direction="reverse"`` (with
-        ``forward_nodes``, any that would not run forward), and leaves a masked layer whose final
-        cell state is used the ``sequence_lens`` form."""
+        """The form ``layer`` takes (``final_roles``: the states its node must give at its end). In
+        every form, an unmasked layer that would run ``direction="reverse"`` (with ``forward_nodes``,
+        any that would not run forward) takes the portable one: a forward node over its input
+        reversed by a Slice (tract runs a lone reverse node forward; tf2onnx's ReverseSequence is
+        unknown to onnx2torch and tract). The portable form leaves a masked layer whose final cell
+        state is used the ``sequence_lens`` form."""
         runs_as_is = layer.direction is NodeDirection.FORWARD or (
             layer.direction is NodeDirection.BIDIRECTIONAL and not self.forward_nodes)
-        if self.form is SEQUENCE_LENS or (not layer.masked and runs_as_is):
+        if not layer.masked:
+            # every form: tract runs a lone direction="reverse" node forward, silently wrong there
+            return SEQUENCE_LENS if runs_as_is else PORTABLE
+        if self.form is SEQUENCE_LENS:
             return SEQUENCE_LENS
         if layer.masked and StateRole.CELL in final_roles:
             return MaskForm("kept for the portable target: the final cell state c is used, and without "
@@ -162,13 +167,15 @@ class Masks:
         return layer.mask is not None and (not self.post_padded or reversed_input)
 
     def runs_reverse(self, pass_: Pass) -> bool:
-        """Whether a pass of its own runs ONNX's reverse direction over the unreversed input: a
-        backward pass whose step-order outputs are unused (no reversal op needed either way), or a
-        masked one with post-padding assumed (that saves compacting; its step-order sequence is
-        then Y reversed in time), and in the portable form every backward pass that has its input
-        unreversed. Every other pass runs forward over its own input."""
+        """Whether a pass of its own is planned as ONNX's reverse direction over the unreversed input:
+        a backward pass whose step-order outputs are unused, or a masked one with post-padding
+        assumed (that saves compacting; its step-order sequence is then Y reversed in time), and
+        every unmasked backward pass (in the portable form every one) that has its input unreversed.
+        Every other pass runs forward over its own input. An unmasked layer planned so is built as a
+        forward node over its input reversed by a Slice (:meth:`form_for`)."""
         wiring = pass_.wiring
-        if pass_.direction is Direction.BACKWARD and self.form is PORTABLE and wiring.x_unreversed is not None:
+        if pass_.direction is Direction.BACKWARD and wiring.x_unreversed is not None and (
+                self.form is PORTABLE or wiring.mask is None and wiring.lengths is None):
             return True  # over the unreversed input, reversed by a Slice: tf2onnx writes Keras's reversal as
             # ReverseSequence, which some consumers lack (onnx2torch, tract)
         post_padded_sequence = self.post_padded and wiring.mask is not None
