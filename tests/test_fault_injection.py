@@ -29,7 +29,10 @@ For every target:
   "internal error" is a ``Loop``.
 Code only a target runs (``RUN_ONLY_WITH``: ``emit.kernels`` with target onnxruntime, whose
 SimpleRNN then becomes a Scan; the portable form's mask and state variants with target portable)
-is tested converting with that target. A target that only runs at import time (say, a
+is tested converting with that target. The Scan form's code (``scan``) runs only for loops no cell
+module claims: its targets convert ``Masking -> RNN(a layer-normalised Elman cell) ->
+SimpleRNN(gelu)`` instead, at opset 17, where each loop is a Scan of its own step unfaulted; with the
+fault, a loop left a Loop must be exact and reported as a Loop. A target that only runs at import time (say, a
 decorator) changes nothing: its test checks the unfaulted conversion.
 
 Keras 3 runs every target, tf_keras a deterministic sample of them (every tenth).
@@ -244,13 +247,20 @@ def test_injection_replaces_every_reference():
 
 # -- the model ------------------------------------------------------------------------------
 
-def build_model(flavor: str):
+def build_model(flavor: str, which: str = "main"):
     K = parity.keras_module(flavor)
     x = K.Input((None, FEATURES), name="x")
     masked = K.layers.Masking(0.0, name="masking")(x)
-    both = K.layers.Bidirectional(K.layers.LSTM(UNITS, return_sequences=True, name="lstm"), name="bidi")(masked)
-    gru = K.layers.GRU(UNITS, return_sequences=True, name="gru")(both)
-    last = K.layers.SimpleRNN(UNITS, name="rnn")(gru)
+    if which == "scan":  # cells no native node computes: each loop a Scan of its own step
+        import scan_cells
+
+        cell = scan_cells._layer_normalised_elman(K, UNITS)
+        normalised = K.layers.RNN(cell, return_sequences=True, name="ln_elman")(masked)
+        last = K.layers.SimpleRNN(UNITS, activation="gelu", name="rnn")(normalised)
+    else:
+        both = K.layers.Bidirectional(K.layers.LSTM(UNITS, return_sequences=True, name="lstm"), name="bidi")(masked)
+        gru = K.layers.GRU(UNITS, return_sequences=True, name="gru")(both)
+        last = K.layers.SimpleRNN(UNITS, name="rnn")(gru)
     model = K.Model(x, last, name="fault_injection")
     parity.randomize_weights(model, seed=20240611)
     return model
@@ -287,18 +297,27 @@ def _frozen_once():
 _MODELS: dict = {}
 
 
-def model_and_expected(flavor: str):
-    if flavor not in _MODELS:
-        model = build_model(flavor)
-        _MODELS[flavor] = (model, parity.keras_outputs(model, [batch()]))
-    return _MODELS[flavor]
+def model_and_expected(flavor: str, which: str = "main"):
+    if (flavor, which) not in _MODELS:
+        model = build_model(flavor, which)
+        _MODELS[flavor, which] = (model, parity.keras_outputs(model, [batch()]))
+    return _MODELS[flavor, which]
 
 
 _BASELINE: dict = {}
 
 
 # code that only a target runs: (module, class or function; "" for the whole module) -> its options
+# ("model": which model of MODELS converts)
 RUN_ONLY_WITH = {
+    ("scan", ""): {"model": "scan", "opset": 17},
+    ("scan.graph_index", ""): {"model": "scan", "opset": 17},
+    ("scan.lengths", ""): {"model": "scan", "opset": 17},
+    ("scan.loop_reading", ""): {"model": "scan", "opset": 17},
+    ("scan.hoisting", ""): {"model": "scan", "opset": 17},
+    ("scan.folding", ""): {"model": "scan", "opset": 17},
+    ("scan.rewrite", ""): {"model": "scan", "opset": 17},
+    ("scan.normalisation", ""): {"model": "scan", "opset": 17},
     ("emit.kernels", ""): {"target": "onnxruntime"},  # what builds a recurrence otherwise than as its node
     ("emit.mask_forms", "PortableMask"): {"target": "portable"},
     ("emit.states", "ExplicitZeroStates"): {"target": "portable"},
@@ -317,12 +336,19 @@ def options_for(target: Optional[Target]) -> dict:
     return {}
 
 
+def conversion_options(target: Optional[Target]) -> tuple:
+    """(the model of MODELS the target's test converts, convert_keras's options)."""
+    options = dict(options_for(target))
+    return options.pop("model", "main"), options
+
+
 def baseline(flavor: str, target: Optional[Target] = None):
     """The unfaulted conversion's report (per process and options)."""
-    key = (flavor, tuple(options_for(target).items()))
+    which, options = conversion_options(target)
+    key = (flavor, which, tuple(options.items()))
     if key not in _BASELINE:
-        model, _ = model_and_expected(flavor)
-        _BASELINE[key] = tf2onnx_rnn.report_of(tf2onnx_rnn.convert_keras(model, **options_for(target)))
+        model, _ = model_and_expected(flavor, which)
+        _BASELINE[key] = tf2onnx_rnn.report_of(tf2onnx_rnn.convert_keras(model, **options))
     return _BASELINE[key]
 
 
@@ -330,7 +356,7 @@ def baseline(flavor: str, target: Optional[Target] = None):
 
 def problems_of(flavor: str, model_proto, warnings: list, target: Optional[Target] = None) -> list:
     """Everything wrong with a conversion: outputs against Keras, and the report against the graph."""
-    _, expected = model_and_expected(flavor)
+    _, expected = model_and_expected(flavor, conversion_options(target)[0])
     session = parity.ort_session(model_proto)
     names = [o.name for o in session.get_outputs()]
     found, _ = parity.output_problems("batch", names, expected, parity.run_onnx(session, ["x"], [batch()]),
@@ -358,6 +384,11 @@ def problems_of(flavor: str, model_proto, warnings: list, target: Optional[Targe
     if f"{len(report.loops)} left as Loop" not in report.summary():
         found.append(f"the summary {report.summary()!r} miscounts the {len(loop_rows)} Loop row(s)")
     for o in report.outcomes:
+        written = by_name.get(o.loop + LOOP_SUFFIX)
+        if o.became == "Loop" and (written is None or written.op_type != "Loop") or \
+                o.own_step and (written is None or written.op_type != "Scan"):
+            found.append(f"{o.layer}: reported as {o.became}, the graph holds its loop as "
+                         f"{written.op_type if written is not None else 'nothing'}")
         was = before.get(o.loop)
         if was is not None and o.layer != was.layer:
             found.append(f"loop {o.loop} is reported as layer {o.layer!r}, unfaulted as {was.layer!r}")
@@ -402,12 +433,13 @@ def escapes(target: Target, records: list) -> list:
 
 
 def converted_problems(flavor: str, target: Target, caplog) -> list:
-    model, _ = model_and_expected(flavor)
+    which, options = conversion_options(target)
+    model, _ = model_and_expected(flavor, which)
     baseline(flavor, target)
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="tf2onnx_rnn"):
         try:
-            model_proto = tf2onnx_rnn.convert_keras(model, **options_for(target))
+            model_proto = tf2onnx_rnn.convert_keras(model, **options)
         except Exception as error:  # noqa: BLE001 - any exception is the failure being tested for
             return [f"convert_keras raised {type(error).__name__}: {error}"]
     records = [r for r in caplog.records if r.levelno >= logging.WARNING]
@@ -424,6 +456,16 @@ def test_unfaulted_conversion_fuses_every_loop():
     assert [o.layer for o in report.outcomes] == ["bidi", "bidi", "gru", "rnn"], report.table()
 
 
+def test_unfaulted_scan_model_is_all_scans():
+    """The Scan form's reference: each loop a Scan of its own step, the normalisation one node."""
+    scan_target = next(t for t in TARGETS if t.module.__name__.endswith(".scan.normalisation"))
+    assert conversion_options(scan_target)[0] == "scan"
+    report = baseline(parity.FLAVORS[0], scan_target)
+    assert [(o.layer, o.became, o.own_step) for o in report.outcomes] == \
+        [("ln_elman", "Scan", True), ("rnn", "Scan", True)], report.table()
+    assert "1 layer normalisation(s) as one node" in report.outcomes[0].form, report.table()
+
+
 def _cases():
     for index, target in enumerate(TARGETS):
         yield pytest.param(parity.FLAVORS[0], target, id=f"{parity.FLAVORS[0]}-{target.id}")
@@ -433,7 +475,7 @@ def _cases():
 
 @pytest.mark.parametrize("flavor, target", list(_cases()))
 def test_fault_keeps_the_conversion_exact_and_the_report_true(flavor, target, caplog):
-    model_and_expected(flavor)
+    model_and_expected(flavor, conversion_options(target)[0])
     baseline(flavor, target)  # built before the fault
     with injected(target):
         problems = converted_problems(flavor, target, caplog)

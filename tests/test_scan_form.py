@@ -156,6 +156,48 @@ def test_loads_and_equals_keras_in_openvino_and_tract(flavor, case, tmp_path):
         assert float(np.max(np.abs(got - want))) <= 1e-4, f"{runtime}: {np.max(np.abs(got - want)):.3g}"
 
 
+# -- a layer normalisation in the step -----------------------------------------------------------
+
+_LN_ELMAN = next(design for design in DESIGNS if design.name == "ln_elman")
+
+
+@pytest.mark.parametrize("form", ("plain", "masked"))
+def test_a_layer_normalisation_in_the_step_is_one_node_from_opset_17(form, tmp_path):
+    """Keras 3's LayerNormalization inside a cell: at opset 17 the step holds one LayerNormalization
+    node and none of the moments' nodes, and still equals Keras in onnxruntime (1e-5 relative), OpenVINO
+    and tract; at the default opset it keeps its nodes and the report says how to get the one node."""
+    import tf2onnx_rnn
+
+    case = _Case((_LN_ELMAN, form))
+    model = _build(parity.FLAVORS[0], case)
+    proto = tf2onnx_rnn.convert_keras(model, opset=17)
+    (body,) = [helpers.attribute(scan, "body") for scan in _scans(proto)]
+    body_ops = [n.op_type for n in body.node]
+    assert body_ops.count("LayerNormalization") == 1 and not {"ReduceMean", "Sqrt", "Reciprocal"} & set(body_ops)
+    (row,) = parity_report(proto).scans
+    assert "1 layer normalisation(s) as one node" in row.form, row.form
+    for batch_time in ROUNDS:
+        (x,) = _inputs(case, batch_time, seed=3)
+        want = np.asarray(model(x, training=False))
+        (got,) = helpers.ort_session(proto).run(None, {"x": x})
+        error = float(np.max(np.abs(got - want) / np.maximum(np.abs(want), 1.0)))
+        assert error <= RELATIVE, f"{batch_time}: relative error {error:.3g}"
+    openvino, tract = pytest.importorskip("openvino"), pytest.importorskip("tract")
+    path = str(tmp_path / "model.onnx")
+    onnx.save(proto, path)
+    (x,) = _inputs(case, (3, 7), seed=5)
+    want = np.asarray(model(x, training=False))
+    compiled = openvino.Core().compile_model(path, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    loaded = tract.onnx().load(path)
+    loaded.set_input_fact(0, "3,7,%d,f32" % FEATURES)
+    for runtime, got in (("OpenVINO", np.asarray(compiled([x])[compiled.outputs[0]])),
+                         ("tract", loaded.into_model().into_runnable().run([x])[0].to_numpy())):
+        assert float(np.max(np.abs(got - want))) <= 1e-4, f"{runtime}: {np.max(np.abs(got - want)):.3g}"
+    default = parity.converted_with(parity.FLAVORS[0], case, _build).proto
+    (row,) = parity_report(default).scans
+    assert "left as a dozen nodes each" in row.form and "--opset 17" in row.form, row.form
+
+
 # -- loops that are not a per-step map stay Loops, with the reason --------------------------------
 
 def _loop_model(cond_bound_offset: int = 0, read_offset: int = 0, trip_from_shape: bool = True) -> onnx.ModelProto:

@@ -46,17 +46,23 @@ def scan_loops(model: onnx.ModelProto, findings: Findings) -> list:
             continue
         index = rows[loop]
         row = findings.outcomes[index]
+        before = onnx.GraphProto()
+        before.CopyFrom(model.graph)  # a rewrite that fails part way leaves the graph as it was
         try:
             types = TypeTable(model)
             scope = Scope(model.graph)
             loop_map = read_loop(node, scope, types)
             done = write_scan(node, loop_map, scope, types, opset)
+            scanned = dataclasses.replace(row, became=SCAN, node=done.loop, own_step=True,
+                                          form=f"a Scan of the loop's own step ({_hoisted_text(done)})")
         except NoMatch as no_match:
+            model.graph.CopyFrom(before)
             findings.outcomes[index] = dataclasses.replace(
                 row, reason=f"{row.reason}; not a Scan either: {no_match.reason}",
                 where=row.where or no_match.node)
             continue
         except Exception as error:  # noqa: BLE001 - the loop stays as it was, the row says why
+            model.graph.CopyFrom(before)
             logger.debug("writing the Scan form of %s raised", row.layer, exc_info=True)
             logger.warning("%s: internal error while writing the Scan form: %s: %s", row.layer,
                            type(error).__name__, error)
@@ -64,11 +70,9 @@ def scan_loops(model: onnx.ModelProto, findings: Findings) -> list:
                 row, reason=f"{row.reason}; internal error while writing the Scan form: {type(error).__name__}")
             continue
         written.append(done)
+        findings.outcomes[index] = scanned
+        logger.info("%s: %s -> ONNX Scan (%s)", row.layer, row.kind, scanned.form)
         _tidy(model.graph, scope, types, loop_map)
-        findings.outcomes[index] = dataclasses.replace(
-            row, became=SCAN, node=done.loop, own_step=True,
-            form=f"a Scan of the loop's own step ({_hoisted_text(done)})")
-        logger.info("%s: %s -> ONNX Scan (%s)", row.layer, row.kind, _hoisted_text(done))
     return written
 
 
@@ -96,7 +100,13 @@ def _drop_unused_initializers(graph: onnx.GraphProto) -> None:
 
 def _hoisted_text(done: Written) -> str:
     states = f"{done.states} state(s), {done.sequences} scanned input(s)"
-    return states + (f", {done.hoisted} node(s) of input-only work run once over the sequence" if done.hoisted else "")
+    text = states + (f", {done.hoisted} node(s) of input-only work run once over the sequence" if done.hoisted else "")
+    if done.normalisations:
+        text += f", {done.normalisations} layer normalisation(s) as one node each"
+    if done.unfused_normalisations:
+        text += (f", {done.unfused_normalisations} layer normalisation(s) left as a dozen nodes each: opset 17 "
+                 "and later make each one LayerNormalization node (--opset 17)")
+    return text
 
 
 def _drop_padding(scope: Scope, types: TypeTable, loop_map) -> None:

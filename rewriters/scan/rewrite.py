@@ -20,6 +20,7 @@ from .folding import computed_reads, fold
 from .graph_index import Scope, TypeTable, attribute, fresh, outer_reads, reads, subgraphs, topological, upstream
 from .hoisting import hoist
 from .loop_reading import LoopMap
+from .normalisation import fuse_layer_normalisations
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,8 @@ class Written:
     states: int
     sequences: int  # the Scan's scanned inputs
     hoisted: int  # body nodes that now run once over the whole sequence
+    normalisations: int = 0  # layer normalisations in the step written as one LayerNormalization node each
+    unfused_normalisations: int = 0  # those left as their nodes: the opset (below 17) has no such node
 
 
 def write_scan(loop: onnx.NodeProto, loop_map: LoopMap, scope: Scope, types: TypeTable, opset: int) -> Written:
@@ -71,6 +74,7 @@ def write_scan(loop: onnx.NodeProto, loop_map: LoopMap, scope: Scope, types: Typ
     new_body = helper.make_graph(hoisted.body, body.name, body_inputs,
                                  [_value_info(name, types, declared.get(name, name), unnamed=True) for name in outputs],
                                  body_initializers)
+    normalisations, unfused = fuse_layer_normalisations(new_body, scope, types, opset)
     untyped = [v.name for v in list(new_body.input) + list(new_body.output) if not v.type.tensor_type.elem_type]
     if untyped:
         raise NoMatch("the element type of a value the step carries or reads is not known", untyped[0])
@@ -85,7 +89,7 @@ def write_scan(loop: onnx.NodeProto, loop_map: LoopMap, scope: Scope, types: Typ
               for merged, kept in twins if merged and scope.used(merged)]
     _replace(scope.graph, loop, outer_nodes + [scan] + after)
     scope.graph.initializer.extend(initializers)
-    return Written(loop.name, len(loop_map.states), len(rows), hoisted.moved)
+    return Written(loop.name, len(loop_map.states), len(rows), hoisted.moved, normalisations, unfused)
 
 
 def _merge_twin_states(loop_map: LoopMap, body: onnx.GraphProto, scope: Scope) -> tuple:
