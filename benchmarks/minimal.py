@@ -36,11 +36,14 @@ def onnx_weights(op: str, kernel: np.ndarray, recurrent: np.ndarray, bias: np.nd
 
 
 def build(op: str, directions: list, features: int, hidden: int, masked: bool,
-          linear_before_reset: bool = True) -> onnx.ModelProto:
+          linear_before_reset: bool = True, lengths_from: str = "") -> onnx.ModelProto:
     """``directions``: one (W, R, B) per direction (two means bidirectional).
 
     Input ``x`` [B, T, F] (and ``lengths`` [B] int32 when masked); output ``y`` [B, T, D*H]
-    for one direction, [B, T, D, H] transposed back for two.
+    for one direction, [B, T, D, H] transposed back for two. ``lengths_from``: the lengths are
+    computed in the graph instead of fed: ``"x"``, each row's steps with a feature other than 0
+    counted, as Keras's ``Masking`` computes its mask (``any(x != 0, -1)``); ``"mask"``, the kept
+    steps of a bool ``mask`` input [B, T] counted. That floor is exact for post-padded rows only.
     """
     count = len(directions)
     stacked = [np.stack([d[i] for d in directions]) for i in range(3)]
@@ -50,13 +53,27 @@ def build(op: str, directions: list, features: int, hidden: int, masked: bool,
     if op == "GRU":
         attrs["linear_before_reset"] = int(linear_before_reset)
     inputs = ["x_tm", "W", "R", "B"] + (["lengths"] if masked else [])
-    nodes = [
+    nodes = []
+    if masked and lengths_from == "x":
+        initializers.append(helper.make_tensor("zero", TensorProto.FLOAT, [], [0.0]))
+        nodes += [helper.make_node("Equal", ["x", "zero"], ["padding"]), helper.make_node("Not", ["padding"], ["some"]),
+                  helper.make_node("Cast", ["some"], ["some_u8"], to=TensorProto.UINT8),
+                  helper.make_node("ReduceMax", ["some_u8"], ["kept_u8"], axes=[2], keepdims=0),
+                  helper.make_node("Cast", ["kept_u8"], ["kept"], to=TensorProto.INT32)]
+    elif masked and lengths_from == "mask":
+        nodes.append(helper.make_node("Cast", ["mask"], ["kept"], to=TensorProto.INT32))
+    if masked and lengths_from:
+        initializers.append(helper.make_tensor("time_axis", TensorProto.INT64, [1], [1]))
+        nodes.append(helper.make_node("ReduceSum", ["kept", "time_axis"], ["lengths"], keepdims=0))
+    nodes += [
         helper.make_node("Transpose", ["x"], ["x_tm"], perm=[1, 0, 2]),
         helper.make_node(op, inputs, ["Y"], **attrs),
         helper.make_node("Transpose", ["Y"], ["y"], perm=[2, 0, 1, 3]),
     ]
     graph_inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "time", features])]
-    if masked:
+    if masked and lengths_from == "mask":
+        graph_inputs.append(helper.make_tensor_value_info("mask", TensorProto.BOOL, ["batch", "time"]))
+    elif masked and not lengths_from:
         graph_inputs.append(helper.make_tensor_value_info("lengths", TensorProto.INT32, ["batch"]))
     graph = helper.make_graph(nodes, "minimal", graph_inputs,
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], initializers)

@@ -57,6 +57,8 @@ class Case:
     hidden: int = HIDDEN
     depth: int = 1
     mask_input: bool = False  # masked: the mask is a model input (layer(x, mask=m)), not a Masking layer
+    padding: str = "post"  # masked: "post" (every row's kept steps first) or "mixed" (pre-padded, full,
+    # post-padded, holed and empty rows in turn, the first pre-padded): compaction is needed
 
     @property
     def name(self) -> str:
@@ -69,6 +71,8 @@ class Case:
             parts.append(f"depth{self.depth}")
         if self.hidden != HIDDEN:
             parts.append(f"h{self.hidden}")
+        if self.padding != "post":
+            parts.append(self.padding)
         return "-".join(parts)
 
 
@@ -77,6 +81,8 @@ def all_cases() -> list:
              for masked in (False, True) for batch in (1, 16)]
     cases += [Case("SimpleRNN", bi, masked, 64) for bi in (False, True) for masked in (False, True)]
     cases += [Case(kind, False, True, batch, mask_input=True) for kind in ("LSTM", "GRU") for batch in (1, 16)]
+    cases += [Case("LSTM", False, True, batch, padding="mixed") for batch in (1, 16)]
+    cases += [Case("GRU", True, True, batch, padding="mixed") for batch in (1, 16)]
     cases += [Case("LSTM", False, False, 1, time=1000), Case("GRU", False, True, 1, time=1000),
               Case("LSTM", False, False, 1, depth=4), Case("LSTM", False, False, 16, depth=4)]
     return cases
@@ -107,23 +113,35 @@ def build_model(case: Case, seed: int = 0):
 
 
 def make_inputs(case: Case, seed: int = 1):
-    """x [B, T, F] and lengths; masked cases get mixed lengths (first row full), padded with
-    zeros after. Returns (feeds for the converted models, Keras's inputs, lengths)."""
+    """x [B, T, F] and lengths (kept steps per row); masked cases get mixed lengths (first row full),
+    padded with zeros after; with ``padding="mixed"`` the rows are in turn pre-padded, full,
+    post-padded, holed (a run of steps in the middle masked) and empty. Returns (feeds for the
+    converted models, Keras's inputs, lengths)."""
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((case.batch, case.time, FEATURES)).astype(np.float32)
     lengths = np.full(case.batch, case.time, np.int32)
+    mask = np.ones((case.batch, case.time), bool)
     if case.masked:
         lengths = rng.integers(case.time // 2, case.time + 1, case.batch).astype(np.int32)
         lengths[0] = case.time
+        steps = np.arange(case.time)
         for row, length in enumerate(lengths):
-            x[row, length:] = 0.0
+            mask[row] = steps < length
+            if case.padding == "mixed":
+                shape = ("pre", "full", "post", "holed", "empty")[row % 5]
+                mask[row] = {"pre": steps >= case.time - length, "full": True, "post": steps < length,
+                             "holed": (steps < case.time // 4) | (steps >= case.time // 2), "empty": False}[shape]
+            x[row, ~mask[row]] = 0.0
+        lengths = mask.sum(axis=1).astype(np.int32)
     if case.masked and case.mask_input:
-        mask = np.arange(case.time)[None, :] < lengths[:, None]
         return {"x": x, "mask": mask}, [x, mask], lengths
     return {"x": x}, x, lengths
 
 
-def minimal_model(case: Case, model):
+def minimal_model(case: Case, model, lengths_fed: bool = False):
+    """The floor: Transpose -> the native node -> Transpose. Masked: its sequence_lens computed in the
+    graph from x as Keras's Masking computes its mask (from the mask input for a mask-input case),
+    or, with ``lengths_fed``, fed as an input."""
     from minimal import build, onnx_weights
 
     if case.depth != 1:
@@ -134,7 +152,8 @@ def minimal_model(case: Case, model):
     for layer in layers:
         cells += [layer.forward_layer, layer.backward_layer] if case.bidirectional else [layer]
     directions = [onnx_weights(op, *[np.asarray(w) for w in cell.get_weights()]) for cell in cells]
-    return build(op, directions, FEATURES, case.hidden, case.masked)
+    lengths_from = "" if lengths_fed else "mask" if case.mask_input else "x"
+    return build(op, directions, FEATURES, case.hidden, case.masked, lengths_from=lengths_from)
 
 
 def minimal_scan_model(case: Case, model):
@@ -248,23 +267,28 @@ def time_case(case: Case, rounds: int, block: float) -> dict:
     runners["ours"] = lambda: ours_session.run(None, feeds)
     runners["stock"] = lambda: stock_session.run(None, feeds)
     portable = ours
-    if case.masked:  # the opt-in: exact here, since the benchmark's rows are post-padded
+    if case.masked and case.padding == "post":  # the opt-in: exact only where every row is post-padded
         post_session = ort_session(ours_convert(model, assume_post_padded=True))
         runners["ours_post"] = lambda: post_session.run(None, feeds)
+    if case.masked:
         portable = ours_convert(model, portable=True)
         portable_session = ort_session(portable)
         runners["portable"] = lambda: portable_session.run(None, feeds)
-    minimal_feeds = {"x": x, "lengths": lengths} if case.masked else {"x": x}
+    minimal_feeds = feeds  # masked: the floor computes its lengths from x (or the mask input)
+    lengths_feeds = {"x": x, "lengths": lengths}
     if minimal is not None:
         minimal_session = ort_session(minimal)
         runners["minimal"] = lambda: minimal_session.run(None, minimal_feeds)
+    if minimal is not None and case.masked:  # the floor handed the lengths: no mask computed
+        lengths_session = ort_session(minimal_model(case, model, lengths_fed=True))
+        runners["minimal_lengths"] = lambda: lengths_session.run(None, lengths_feeds)
     if case.kind == "SimpleRNN":  # the onnxruntime target's form, and its own floor
         ort_form_session = ort_session(ours_convert(model, onnxruntime=True))
         runners["ours_ort"] = lambda: ort_form_session.run(None, feeds)
         scan_floor = minimal_scan_model(case, model)
         if scan_floor is not None:
             scan_floor_session = ort_session(scan_floor)
-            runners["minimal_scan"] = lambda: scan_floor_session.run(None, minimal_feeds)
+            runners["minimal_scan"] = lambda: scan_floor_session.run(None, lengths_feeds if case.masked else feeds)
     openvino_failures = {}
     if openvino_available():
         # masked: the portable form, exact in OpenVINO (see the module's docstring)
@@ -353,15 +377,16 @@ def ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
 
 
 def table(results: Results) -> str:
-    lines = ["| case | ours ms | minimal ms | stock ms | TF ms | ours/minimal | post-padded opt-in/minimal "
-             "| portable/minimal | stock/ours | nodes ours/stock |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| case | ours ms | minimal ms | stock ms | TF ms | ours/minimal | ours/lengths-fed floor "
+             "| post-padded opt-in/minimal | portable/minimal | stock/ours | nodes ours/stock |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in results.cases:
         ms = row["ms"]
         cells = [row["case"]] + [f"{ms[k]:.3f}" if k in ms else "-" for k in ("ours", "minimal", "stock",
                                                                                   "tensorflow")]
-        for key in ("ours", "ours_post", "portable"):
-            over_minimal = ratio(ms.get(key), ms.get("minimal"))
+        for key, floor in (("ours", "minimal"), ("ours", "minimal_lengths"), ("ours_post", "minimal"),
+                           ("portable", "minimal")):
+            over_minimal = ratio(ms.get(key), ms.get(floor))
             cells.append(f"{over_minimal:.2f}" if over_minimal else "-")
         cells.append(f"{ratio(ms['stock'], ms['ours']):.2f}")
         stock_kind = "Loop" if row["stock_ops"]["loops"] else "native"
@@ -437,7 +462,7 @@ def write(results: Results, out: str) -> None:
         writer.writerow(["case", "ours_ms", "ours_post_padded_ms", "portable_ms", "minimal_ms", "stock_ms",
                          "tensorflow_ms", "ours_over_minimal", "stock_over_ours", "ours_nodes", "stock_nodes",
                          "stock_loops", "openvino_ours_ms", "openvino_minimal_ms", "openvino_stock_ms",
-                         "onnxruntime_form_ms", "minimal_scan_ms"])
+                         "onnxruntime_form_ms", "minimal_scan_ms", "minimal_lengths_fed_ms"])
         for row in results.cases:
             ms = row["ms"]
             writer.writerow([row["case"], ms["ours"], ms.get("ours_post", ""), ms.get("portable", ""),
@@ -445,7 +470,7 @@ def write(results: Results, out: str) -> None:
                              ratio(ms["ours"], ms.get("minimal")) or "", ratio(ms["stock"], ms["ours"]),
                              row["ours_ops"]["nodes"], row["stock_ops"]["nodes"], row["stock_ops"]["loops"],
                              ms.get("ours_ov", ""), ms.get("minimal_ov", ""), ms.get("stock_ov", ""),
-                             ms.get("ours_ort", ""), ms.get("minimal_scan", "")])
+                             ms.get("ours_ort", ""), ms.get("minimal_scan", ""), ms.get("minimal_lengths", "")])
     with open(os.path.join(out, "benchmark.md"), "w") as stream:
         stream.write(table(results) + "\n")
     plot(results, os.path.join(out, "benchmark.png"))
