@@ -14,6 +14,7 @@ from __future__ import annotations
 import zlib
 
 import numpy as np
+import onnx
 import pytest
 
 import helpers
@@ -290,3 +291,134 @@ def test_verify_keras_feeds_zero_states_and_keeps_a_stateful_models_states(state
              if getattr(layer, "stateful", False)]
     for before, now in zip(stored, after):
         np.testing.assert_array_equal(before, now)
+
+
+# -- state inputs that default ------------------------------------------------------------------------
+
+def _stored(model) -> list:
+    return [np.array(v.numpy()) for layer in model.layers for v in (getattr(layer, "states", None) or [])
+            if getattr(layer, "stateful", False)]
+
+
+def _stateful_model(flavor: str, batch: int):
+    K = parity.keras_module(flavor)
+    x = K.Input(batch_shape=(batch, None, FEATURES), name="x")
+    h = K.layers.GRU(4, stateful=True, return_sequences=True, name="gru")(x)
+    h = K.layers.LSTM(3, stateful=True, return_sequences=True, name="lstm")(h)
+    model = K.Model(x, h, name="stateful_defaults")
+    parity.randomize_weights(model, zlib.crc32(f"defaults/{flavor}/{batch}".encode()))
+    return model
+
+
+@pytest.mark.parametrize("flavor, batch", [(f, b) for f in parity.FLAVORS for b in (1, 3)])
+def test_a_stateful_model_runs_on_its_data_alone_as_keras_predicts(flavor, batch):
+    """Each state input defaults to the layer's stored state (an initializer of its name, [batch, units]):
+    fed only the data, the model converted fresh equals ``predict`` on the fresh model, and the model
+    converted after a call equals Keras's next ``predict``. Fed its states, it is today's model."""
+    model = _stateful_model(flavor, batch)
+    _reset(model)
+    first, second = sequence("defaults-1", batch=batch)[:, :6], sequence("defaults-2", batch=batch)[:, :4]
+    fresh = tf2onnx_rnn.convert_keras(model)
+    defaults = {t.name: onnx_numpy(t) for t in fresh.graph.initializer if t.name in state_inputs(fresh)}
+    assert sorted(defaults) == ["gru/h_in", "lstm/c_in", "lstm/h_in"]
+    units = state_inputs(fresh)
+    assert all(value.shape == (batch, units[name]) and not value.any() for name, value in defaults.items())
+    assert [i.name for i in helpers.ort_session(fresh).get_inputs()] == ["x"]
+    got = helpers.ort_session(fresh).run(None, {"x": first})[0]
+    want = np.asarray(model.predict(first, verbose=0))
+    np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE)
+    assert any(np.any(value) for value in _stored(model)), "predict did not advance the states"
+    advanced = tf2onnx_rnn.convert_keras(model)
+    stored = {t.name: onnx_numpy(t) for t in advanced.graph.initializer if t.name in state_inputs(advanced)}
+    assert all(np.any(value) for value in stored.values())
+    got = helpers.ort_session(advanced).run(None, {"x": second})[0]
+    want = np.asarray(model.predict(second, verbose=0))
+    np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE)
+    # a streaming caller feeds the states and overrides the defaults: zeros give the fresh model's outputs
+    outputs, _ = run_chunks(advanced, np.concatenate([first, second], axis=1), chunks=(6, 4))
+    np.testing.assert_allclose(outputs[0], helpers.ort_session(fresh).run(None, {"x": first})[0], rtol=0, atol=0)
+    np.testing.assert_allclose(outputs[1], got, rtol=0, atol=TOLERANCE)
+    onnx.checker.check_model(advanced, full_check=True)
+    onnx.shape_inference.infer_shapes(advanced, check_type=True, strict_mode=True)
+
+
+def onnx_numpy(tensor) -> np.ndarray:
+    return onnx.numpy_helper.to_array(tensor)
+
+
+@pytest.mark.parametrize("flavor", parity.FLAVORS)
+def test_streamed_states_default_to_zeros_only_where_the_batch_is_fixed(flavor):
+    """A streamed non-stateful model: with a fixed batch its states default to zeros and the data
+    alone gives Keras's outputs; with a dynamic batch no initializer can hold zeros of every batch,
+    and the state inputs stay required."""
+    dynamic, _ = build(flavor, "stack-last")
+    model_proto = tf2onnx_rnn.convert_keras(dynamic, streaming=True, inputs={"x": [len(ROW_KINDS), None, FEATURES]})
+    x = sequence("stack-last")
+    assert set(state_inputs(model_proto)) <= {t.name for t in model_proto.graph.initializer}
+    got = helpers.ort_session(model_proto).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, np.asarray(dynamic(x, training=False)), rtol=0, atol=TOLERANCE)
+    _, streamed = build(flavor, "stack-last")
+    assert not set(state_inputs(streamed)) & {t.name for t in streamed.graph.initializer}
+    with pytest.raises(Exception, match="missing from input feed"):
+        helpers.ort_session(streamed).run(None, {"x": x})
+
+
+def test_without_state_defaults_the_states_are_required(stateful):
+    _, model, _ = stateful
+    model_proto = tf2onnx_rnn.convert_keras(model, state_defaults=False)
+    assert not {t.name for t in model_proto.graph.initializer} & set(state_inputs(model_proto))
+    assert {i.name for i in helpers.ort_session(model_proto).get_inputs()} == {"x", *state_inputs(model_proto)}
+    with pytest.raises(ConversionError, match="state_defaults"):
+        tf2onnx_rnn.convert_keras(model, state_defaults="yes")
+
+
+def test_openvino_and_tract_take_the_defaults_as_constants(stateful, tmp_path):
+    """OpenVINO and tract run a stateful model on its data alone from its defaults, but read an input
+    that has an initializer as that constant: it is no longer an input, and states cannot be fed.
+    tract 0.23 also stops on an LSTM whose default states are zeros ("Clashing resolution", as when
+    they are absent); stored states that are not zeros run. Converted with ``state_defaults=False``
+    the states are inputs there, and stream exactly (docs/downstream.md). Fails the day either lets
+    a feed override a default, or tract runs the zeros."""
+    openvino = pytest.importorskip("openvino")
+    tract = pytest.importorskip("tract")
+    _, model, _ = stateful
+    _reset(model)
+    x = sequence("stateful-downstream", batch=BATCH)
+    fresh, advanced = str(tmp_path / "fresh.onnx"), str(tmp_path / "advanced.onnx")
+    onnx.save(tf2onnx_rnn.convert_keras(model), fresh)
+    want_fresh = np.asarray(model.predict(x[:, :5], verbose=0))
+    onnx.save(tf2onnx_rnn.convert_keras(model), advanced)
+    want_next = np.asarray(model.predict(x[:, 5:], verbose=0))
+    _reset(model)
+    core = openvino.Core()
+    config = {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": 1}
+    for path, chunk, want in ((fresh, x[:, :5], want_fresh), (advanced, x[:, 5:], want_next)):
+        read = core.read_model(path)
+        assert [i.get_any_name() for i in read.inputs] == ["x"]
+        compiled = core.compile_model(read, "CPU", config)
+        np.testing.assert_allclose(np.asarray(compiled([chunk])[compiled.outputs[0]]), want, rtol=0, atol=1e-4)
+    loaded = tract.onnx().load(advanced)
+    assert loaded.input_count() == 1
+    loaded.set_input_fact(0, f"{BATCH},{TIME - 5},{FEATURES},f32")
+    got = loaded.into_model().into_runnable().run([x[:, 5:]])[0].to_numpy()
+    np.testing.assert_allclose(got, want_next, rtol=0, atol=1e-4)
+    loaded = tract.onnx().load(fresh)
+    loaded.set_input_fact(0, f"{BATCH},5,{FEATURES},f32")
+    with pytest.raises(tract.TractError, match="Clashing resolution"):
+        loaded.into_model().into_runnable().run([x[:, :5]])
+    # required states: OpenVINO streams chunk by chunk as onnxruntime does
+    path = str(tmp_path / "required.onnx")
+    onnx.save(tf2onnx_rnn.convert_keras(model, state_defaults=False), path)
+    compiled = core.compile_model(core.read_model(path), "CPU", config)
+    names = [o.get_any_name() for o in compiled.outputs]
+    states = {i.get_any_name(): np.zeros(list(i.get_partial_shape().to_shape()), np.float32)
+              for i in compiled.inputs if i.get_any_name() != "x"}
+    assert len(states) == 3
+    expected, _ = run_chunks(onnx.load(path), x)
+    start = 0
+    for size, chunk in zip(CHUNKS, expected):
+        result = compiled({"x": x[:, start:start + size], **states})
+        got = {name: np.asarray(result[output]) for name, output in zip(names, compiled.outputs)}
+        np.testing.assert_allclose(got[names[0]], chunk, rtol=0, atol=1e-4)
+        states = {name: got[name[:-len("in")] + "out"] for name in states}
+        start += size

@@ -18,6 +18,7 @@ from typing import Optional
 
 import onnx
 
+from .dim_names import name_dimensions
 from .errors import ConversionError, VerificationError, first_line, param, raised_by_library
 from .options import Options, check_tolerance
 from .output import LARGE_MODEL_KEY, check_output_path, save_model
@@ -35,6 +36,8 @@ from .training import training_form
 from .translate import to_onnx
 
 logger = logging.getLogger("tf2onnx_rnn")
+
+KERAS_KINDS = ("keras_model", "keras_file")  # sources whose inputs' axis 0 is Keras's batch
 
 __all__ = ["Conversion", "VerificationFailed", "convert_checkpoint", "convert_graph_def", "convert_keras",
            "convert_saved_model", "convert_tflite", "keras_input_signature", "report_of", "run"]
@@ -73,12 +76,15 @@ def convert_keras(model, input_signature=None, opset: Optional[int] = None, outp
     arguments: ``check_shapes`` (default True: without ``verify``, the outputs' shapes are checked
     against the model's on small random inputs), ``continue_on_error``, ``large_model``, ``rename_inputs``,
     ``rename_outputs``,
-    ``inputs``, ``streaming`` and tf2onnx's ``target``, ``extra_opset``, ``inputs_as_nchw``,
-    ``outputs_as_nchw``, ``shape_override``, ``custom_ops``, ``custom_op_handlers``,
-    ``custom_rewriter``, ``optimizers``. With ``verify=True`` the ONNX model is run in onnxruntime
-    against the Keras model on seeded random inputs and :class:`VerificationError` is raised beyond
-    ``tolerance``. Masked layers are exact for any mask; ``assume_post_padded=True`` emits a leaner
-    graph that is exact only when every row's kept steps come first (post-padding).
+    ``inputs``, ``streaming``, ``state_defaults`` (default True: a streamed state input of a fixed
+    batch carries the layer's start, its stored state or zeros, as an initializer a feed overrides;
+    False leaves it required, as OpenVINO and tract need to feed it) and tf2onnx's ``target``,
+    ``extra_opset``, ``inputs_as_nchw``, ``outputs_as_nchw``, ``shape_override``, ``custom_ops``,
+    ``custom_op_handlers``, ``custom_rewriter``, ``optimizers``. With ``verify=True`` the ONNX model
+    is run in onnxruntime against the Keras model on seeded random inputs and
+    :class:`VerificationError` is raised beyond ``tolerance``. Masked layers are exact for any mask;
+    ``assume_post_padded=True`` emits a leaner graph that is exact only when every row's kept steps
+    come first (post-padding).
     ``target="portable"`` (beside or instead of tf2onnx's targets) gives masked layers no computed
     ``sequence_lens``, for runtimes that take it only as a constant (tract), exact wherever the
     report does not say otherwise. ``target="onnxruntime"`` computes SimpleRNN layers as an input
@@ -163,7 +169,8 @@ def report_of(model_proto: onnx.ModelProto) -> Optional[ConversionReport]:
 def run(source: Source, *, output_path: Optional[str] = None, verify: bool = False, tolerance: float = 1e-4,
         options: Options = Options()) -> Conversion:
     """The one conversion road: source -> frozen graph -> tf2onnx with the rewriter -> reconciled
-    report -> loadable check -> verification -> atomic save. Raises :class:`ConversionError` for
+    report -> loadable check -> verification (or the output shape check) -> dynamic dimensions named
+    (:mod:`.dim_names`, from what the check measured) -> atomic save. Raises :class:`ConversionError` for
     bad input and :class:`VerificationError` when verification fails (nothing is written then)."""
     check_tolerance(tolerance)
     source.check()
@@ -183,13 +190,19 @@ def run(source: Source, *, output_path: Optional[str] = None, verify: bool = Fal
             raise VerificationFailed(conversion.verification, conversion)
         checked = (f"outputs verified against {conversion.verification.reference} at input shapes "
                    + "; ".join(conversion.verification.input_shapes))
+        measured = conversion.verification.measured
     elif not options.check_shapes:
-        checked = "output shapes not checked (the check was turned off)"
+        checked, measured = "output shapes not checked (the check was turned off)", []
     elif not in_memory:
         checked = "output shapes not checked: the model is over 2 GB, which onnxruntime cannot run from memory"
+        measured = []
     else:
-        checked = check_output_shapes(source, conversion)
+        checked, measured = check_output_shapes(source, conversion)
     conversion.report.checked = checked
+    states = [name for o in conversion.report.outcomes for name in o.state_inputs if name]
+    conversion.report.dimensions = name_dimensions(conversion.model_proto, measured, keras=source.kind in KERAS_KINDS,
+                                                   state_inputs=states, infer=in_memory)
+    logger.info("tf2onnx_rnn: dimensions: %s", conversion.report.dimensions or "none dynamic")
     conversion.report.attach(conversion.model_proto)
     logger.info("tf2onnx_rnn: %s", checked)
     if output_path:

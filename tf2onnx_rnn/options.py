@@ -37,6 +37,7 @@ class Options:
     training: bool = False  # the form onnxruntime's training API takes (target "training")
     onnxruntime: bool = False  # SimpleRNN as input MatMul + Scan, faster in onnxruntime (target "onnxruntime")
     streaming: Optional[bool] = None  # recurrent states in and out of the model; None: for stateful models
+    state_defaults: bool = True  # streamed state inputs of a fixed batch default to the source's start (initializers)
     continue_on_error: bool = False  # write a model even when tf2onnx left ops it could not convert
     check_shapes: bool = True  # without verification, check the outputs' shapes against the source's
     large_model: bool = False  # weights go to a file beside the model (external data)
@@ -67,6 +68,8 @@ class Options:
         if given.get("streaming", None) not in (None, True, False):
             raise ConversionError(f"{param('streaming')} must be True, False or None (automatic), "
                                   f"got {given['streaming']!r}")
+        if given.get("state_defaults", True) not in (True, False):
+            raise ConversionError(f"{param('state_defaults')} must be True or False, got {given['state_defaults']!r}")
         for key in ("rename_inputs", "rename_outputs"):
             given[key] = name_list(given.get(key), key, unique=True)
         for key in ("inputs_as_nchw", "outputs_as_nchw"):

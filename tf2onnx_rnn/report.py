@@ -46,6 +46,7 @@ class ConversionReport:
     checked: str = ""  # what the converted model was checked against its source for, in one line
     nchw_inputs: tuple = ()  # inputs the model takes NCHW where its source takes NHWC
     nchw_outputs: tuple = ()  # outputs the model gives NCHW where its source gives NHWC
+    dimensions: str = ""  # the inputs' and outputs' named dynamic dimensions, in one line (dim_names)
 
     @property
     def fused(self) -> list:
@@ -78,7 +79,8 @@ class ConversionReport:
                 + (f", {removed} removed as unused" if removed else ""))
 
     def table(self) -> str:
-        """A plain-text table, one row per loop, then the summary line."""
+        """A plain-text table, one row per loop, then the summary line, what was checked and the named
+        dynamic dimensions."""
         rows = [("layer", "kind", "direction", "became", "details")]
         for o in self.outcomes:
             if o.fused:
@@ -101,7 +103,8 @@ class ConversionReport:
         lines = ["  ".join(cell.ljust(width) for cell, width in zip(row[:4], widths)) + "  " + row[4]
                  for row in rows]
         lines.insert(1, "  ".join("-" * w for w in widths) + "  " + "-" * 7)
-        return "\n".join(lines + [self.summary()] + ([self.checked] if self.checked else []) + self.notes())
+        return "\n".join(lines + [self.summary()] + ([self.checked] if self.checked else [])
+                         + ([f"dimensions: {self.dimensions}"] if self.dimensions else []) + self.notes())
 
     def notes(self) -> list:
         """What the user may want to know about the form chosen: one line each."""
@@ -113,7 +116,7 @@ class ConversionReport:
     def to_json(self) -> str:
         return json.dumps({"loops": [asdict(o) for o in self.outcomes], "summary": self.summary(),
                            "checked": self.checked, "nchw_inputs": list(self.nchw_inputs),
-                           "nchw_outputs": list(self.nchw_outputs)})
+                           "nchw_outputs": list(self.nchw_outputs), "dimensions": self.dimensions})
 
     @classmethod
     def from_json(cls, text: str) -> "ConversionReport":
@@ -121,7 +124,7 @@ class ConversionReport:
         stored = json.loads(text)
         return cls([LoopOutcome(**{k: tuple(v) if k in lists else v for k, v in item.items()})
                     for item in stored["loops"]], stored.get("checked", ""), tuple(stored.get("nchw_inputs", ())),
-                   tuple(stored.get("nchw_outputs", ())))
+                   tuple(stored.get("nchw_outputs", ())), stored.get("dimensions", ""))
 
     def attach(self, model_proto) -> None:
         """Store the report in ``model_proto.metadata_props`` (replacing an earlier one)."""

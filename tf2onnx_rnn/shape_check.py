@@ -29,16 +29,17 @@ class ShapeCheckFailed(VerificationError):
         self.result, self.conversion = result, conversion
 
 
-def check_output_shapes(source, conversion) -> str:
-    """Run the check on ``conversion`` (an api.Conversion) and say in one line what was checked, or
-    why it was skipped; raise :class:`ShapeCheckFailed` when an output's shape or dtype differs."""
+def check_output_shapes(source, conversion) -> tuple:
+    """Run the check on ``conversion`` (an api.Conversion): (one line saying what was checked, or why it
+    was skipped; the rounds measured, as :attr:`verify.VerificationResult.measured`, empty when skipped).
+    Raise :class:`ShapeCheckFailed` when an output's shape or dtype differs."""
     try:
         result = source.verify(conversion.model_proto, 0.0, values=False)
     except ConversionError as refusal:  # the source may not be run (safe mode)
-        return f"output shapes not checked: {first_line(refusal)}"
+        return f"output shapes not checked: {first_line(refusal)}", []
     if result.reference_failed or not result.onnx_loaded:  # the latter: kept with continue_on_error
-        return f"output shapes not checked: {result.problem}"
+        return f"output shapes not checked: {result.problem}", []
     if not result.passed:
         raise ShapeCheckFailed(result, conversion)
     rounds = "; ".join(result.input_shapes)
-    return f"output shapes checked against {result.reference} at input shapes {rounds}"
+    return f"output shapes checked against {result.reference} at input shapes {rounds}", result.measured

@@ -72,6 +72,9 @@ class VerificationResult:
     onnx_loaded: bool = True  # onnxruntime loaded the ONNX model
     reference_failed: bool = False  # the reference, not onnxruntime, failed on an input: nothing was learnt
     input_shapes: list = field(default_factory=list)  # each round's input shapes
+    # each round both models ran: ({ONNX input: shape fed}, {ONNX output: shape onnxruntime gave}), which
+    # the converted model's dimension names are derived from (dim_names)
+    measured: list = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -104,12 +107,13 @@ class VerificationResult:
         return "\n".join(lines)
 
 
-def onnx_input_specs(model_proto: onnx.ModelProto) -> list:
-    """(name, shape with None for dynamic dims, numpy dtype) of each graph input."""
+def onnx_input_specs(model_proto: onnx.ModelProto, defaulted: bool = False) -> list:
+    """(name, shape with None for dynamic dims, numpy dtype) of each graph input a caller must feed
+    (with ``defaulted``, also of each one an initializer gives a default: a streamed state's)."""
     initializers = {i.name for i in model_proto.graph.initializer}
     specs = []
     for value in model_proto.graph.input:
-        if value.name in initializers:
+        if value.name in initializers and not defaulted:
             continue
         tensor_type = value.type.tensor_type
         shape = [d.dim_value if d.HasField("dim_value") else None for d in tensor_type.shape.dim]
@@ -249,8 +253,8 @@ def compare(reference: Callable[[list], Sequence[np.ndarray]], model_proto: onnx
 
     Without ``inputs``, one round per :data:`ROUNDS` entry on seeded random inputs; with
     ``inputs`` (arrays in ONNX input order), one round on those. A streamed model's state inputs
-    are fed zeros (the model's usual start) and are not the reference's; its state outputs are
-    not compared (the reference has none). ``values=False`` compares each output's shape and
+    are fed zeros (the model's usual start), defaults or not, and are not the reference's; its state
+    outputs are not compared (the reference has none). ``values=False`` compares each output's shape and
     dtype only.
     """
     state_inputs, state_outputs = streamed_states(model_proto)
@@ -258,7 +262,8 @@ def compare(reference: Callable[[list], Sequence[np.ndarray]], model_proto: onnx
     specs = [spec for spec in onnx_input_specs(model_proto) if spec[0] not in state_inputs]
     rounds = [inputs] if inputs is not None else [
         random_inputs(specs, seed + i, round_sizes(batch, time)) for i, (batch, time) in enumerate(ROUNDS)]
-    state_specs = {name: (shape, dtype) for name, shape, dtype in onnx_input_specs(model_proto) if name in state_inputs}
+    state_specs = {name: (shape, dtype) for name, shape, dtype in onnx_input_specs(model_proto, defaulted=True)
+                   if name in state_inputs}
     result = VerificationResult(tolerance, reference=reference_name, rounds=len(rounds), values=values)
     try:
         session = _session(model_proto)
@@ -286,7 +291,8 @@ def compare(reference: Callable[[list], Sequence[np.ndarray]], model_proto: onnx
             batch = len(arrays[0]) if arrays and np.ndim(arrays[0]) else 1
             feeds.update({name: np.zeros([batch if shape[0] is None else shape[0]] + shape[1:], dtype)
                           for name, (shape, dtype) in state_specs.items()})
-            actual = [value for name, value in zip(every_output, session.run(None, feeds)) if name not in state_outputs]
+            given = session.run(None, feeds)
+            actual = [value for name, value in zip(every_output, given) if name not in state_outputs]
         except Exception as error:  # noqa: BLE001 - onnxruntime raises its own kinds
             result.problem = f"onnxruntime failed on the inputs ({where}): {first_line(error)}"
             break
@@ -296,6 +302,8 @@ def compare(reference: Callable[[list], Sequence[np.ndarray]], model_proto: onnx
             break
         for name, got, want in zip(names, actual, expected):
             outcomes[name].append(_compare_output(got, want, tolerance, reference_name, values))
+        result.measured.append(({name: tuple(np.shape(a)) for name, a in feeds.items()},
+                                {name: tuple(np.shape(a)) for name, a in zip(every_output, given)}))
     result.checks = [_check(name, outcomes[name], tolerance, len(rounds)) for name in names if outcomes[name]]
     return result
 

@@ -104,7 +104,10 @@ class StreamedStates(StateWiring):
     outputs as the next call's inputs runs a sequence chunk by chunk exactly as whole.
 
     A state the model computes from its own inputs (``initial_state=``) stays the model's; a
-    constant one (zero, or a stateful layer's stored state, frozen) becomes the input. Only
+    constant one (zero, or a stateful layer's stored state, frozen) becomes the input. Where the
+    batch size is fixed, that input carries the constant as its default: an initializer of the
+    same name, which a feed overrides (a caller feeding only the data starts where the source
+    does). With a dynamic batch no initializer can hold it, and the input stays required. Only
     forward passes of the main graph stream: a backward pass needs the future.
     """
 
@@ -124,8 +127,14 @@ class StreamedStates(StateWiring):
                 continue
             name = self.name(pass_, role, "in")
             require_free(graph, name)
-            graph.add_graph_input(name, helper.np_dtype_to_tensor_dtype(np.dtype(pass_.dtype)),
-                                  [_batch_of(graph, layer.x), pass_.hidden_size])
+            shape = [_batch_of(graph, layer.x, layer.batch_major), pass_.hidden_size]
+            dtype = helper.np_dtype_to_tensor_dtype(np.dtype(pass_.dtype))
+            default = default_state(graph, tensor, shape, pass_.dtype)
+            if default is None:
+                graph.add_graph_input(name, dtype, shape)
+            else:
+                const = graph.make_const(utils.make_name(f"{name}_default"), default)
+                graph.add_graph_input_with_default(name, const, dtype, shape)
             states.append((role, name))
         streamed = replace(pass_, wiring=replace(pass_.wiring, initial_states=tuple(states), constant_states=()))
         return replace(layer, passes=(streamed,))
@@ -148,7 +157,8 @@ class StreamedStates(StateWiring):
             require_free(graph, name)
             graph.make_node("Identity", [emission.final_state(node, 0, role)], outputs=[name])
             graph.add_graph_output(name, helper.np_dtype_to_tensor_dtype(np.dtype(pass_.dtype)),
-                                   [_batch_of(graph, emission.layer.x), pass_.hidden_size])
+                                   [_batch_of(graph, emission.layer.x, emission.layer.batch_major),
+                                    pass_.hidden_size])
             streamed_in = self.name(pass_, role, "in")
             added.append(StateIO(streamed_in if given.get(role) == streamed_in else "", name))
         return tuple(added)
@@ -166,10 +176,31 @@ def require_free(graph, name: str) -> None:
         raise NoMatch(f"cannot stream: the name {name} is already taken in the graph")
 
 
-def _batch_of(graph, x: str) -> int:
-    """The batch size of a time-major input [T, B, F], -1 when dynamic."""
+def _batch_of(graph, x: str, batch_major: bool = False) -> int:
+    """The batch size of a layer's input, time-major [T, B, F] (or [B, T, F]), -1 when dynamic."""
     shape = graph.get_shape(x) or []
-    return shape[1] if len(shape) == 3 and shape[1] is not None and shape[1] > 0 else -1
+    axis = 0 if batch_major else 1
+    return shape[axis] if len(shape) == 3 and shape[axis] is not None and shape[axis] > 0 else -1
+
+
+def default_state(graph, start: Optional[str], shape: list, dtype) -> Optional[np.ndarray]:
+    """The value a streamed state input defaults to: what the layer starts from in the source
+    (``start``, a constant; None: zeros) as [batch, units], or None where no initializer can hold it
+    exactly (a dynamic batch, a start that is not a constant of that shape)."""
+    if any(size is None or size < 0 for size in shape):
+        return None
+    if start is None:
+        return np.zeros(shape, np.dtype(dtype))
+    node = graph.get_node_by_output(start)
+    while node is not None and node.type == "Identity":
+        node = graph.get_node_by_output(node.input[0])
+    if node is None or not node.is_const():
+        return None
+    value = node.get_tensor_value(as_list=False)
+    try:
+        return np.array(np.broadcast_to(value, shape), np.dtype(dtype))
+    except ValueError:  # not of the layer's batch and units: no default rather than a wrong one
+        return None
 
 
 def select_states(streaming: bool, portable: bool = False) -> StateWiring:
