@@ -372,6 +372,15 @@ def test_without_state_defaults_the_states_are_required(stateful):
         tf2onnx_rnn.convert_keras(model, state_defaults="yes")
 
 
+def test_the_portable_target_leaves_the_states_required_unless_asked(stateful):
+    """The portable form is for OpenVINO and tract, which read an input with a default as a constant."""
+    _, model, _ = stateful
+    portable = tf2onnx_rnn.convert_keras(model, target="portable")
+    assert state_inputs(portable) and not {t.name for t in portable.graph.initializer} & set(state_inputs(portable))
+    asked = tf2onnx_rnn.convert_keras(model, target="portable", state_defaults=True)
+    assert set(state_inputs(asked)) <= {t.name for t in asked.graph.initializer}
+
+
 def test_openvino_and_tract_take_the_defaults_as_constants(stateful, tmp_path):
     """OpenVINO and tract run a stateful model on its data alone from its defaults, but read an input
     that has an initializer as that constant: it is no longer an input, and states cannot be fed.

@@ -76,13 +76,13 @@ def convert_keras(model, input_signature=None, opset: Optional[int] = None, outp
     arguments: ``check_shapes`` (default True: without ``verify``, the outputs' shapes are checked
     against the model's on small random inputs), ``continue_on_error``, ``large_model``, ``rename_inputs``,
     ``rename_outputs``,
-    ``inputs``, ``streaming``, ``state_defaults`` (default True: a streamed state input of a fixed
-    batch carries the layer's start, its stored state or zeros, as an initializer a feed overrides;
-    False leaves it required, as OpenVINO and tract need to feed it) and tf2onnx's ``target``,
-    ``extra_opset``, ``inputs_as_nchw``, ``outputs_as_nchw``, ``shape_override``, ``custom_ops``,
-    ``custom_op_handlers``, ``custom_rewriter``, ``optimizers``. With ``verify=True`` the ONNX model
-    is run in onnxruntime against the Keras model on seeded random inputs and
-    :class:`VerificationError` is raised beyond ``tolerance``. Masked layers are exact for any mask;
+    ``inputs``, ``streaming``, ``state_defaults`` (a streamed state input of a fixed batch carries the
+    layer's start, its stored state or zeros, as an initializer a feed overrides; False leaves it
+    required, as OpenVINO and tract need to feed it; by default True but for ``target="portable"``)
+    and tf2onnx's ``target``, ``extra_opset``, ``inputs_as_nchw``, ``outputs_as_nchw``,
+    ``shape_override``, ``custom_ops``, ``custom_op_handlers``, ``custom_rewriter``, ``optimizers``.
+    With ``verify=True`` the ONNX model is run in onnxruntime against the Keras model on seeded random
+    inputs and :class:`VerificationError` is raised beyond ``tolerance``. Masked layers are exact for any mask;
     ``assume_post_padded=True`` emits a leaner graph that is exact only when every row's kept steps
     come first (post-padding).
     ``target="portable"`` (beside or instead of tf2onnx's targets) gives masked layers no computed

@@ -149,6 +149,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--streaming", action="store_true", default=None,
                         help="recurrent states in and out of the model (<layer>/h_in, <layer>/h_out, c_ for "
                              "LSTM), to run a sequence chunk by chunk; automatic for stateful Keras models")
+    parser.add_argument("--no-state-defaults", "--no_state_defaults", dest="state_defaults", action="store_false",
+                        default=None,
+                        help="streamed state inputs stay required, with no default (OpenVINO and tract read an "
+                             "input with a default as a constant: to feed states there); the default for "
+                             "--target portable")
     parser.add_argument("--no-safe-mode", "--no_safe_mode", dest="safe_mode", action="store_false",
                         help="trust the model: load a Keras file whose Lambda layers carry Python code, load a "
                              "SavedModel whose initializers and verify one whose signature reach outside TensorFlow "
@@ -248,7 +253,8 @@ def _options(args: argparse.Namespace) -> Options:
     return Options.of(opset=args.opset, assume_post_padded=args.assume_post_padded,
                       continue_on_error=args.continue_on_error, large_model=args.large_model,
                       rename_inputs=args.rename_inputs, rename_outputs=args.rename_outputs,
-                      inputs=args.inputs, streaming=args.streaming, target=_targets(args),
+                      inputs=args.inputs, streaming=args.streaming, state_defaults=args.state_defaults,
+                      target=_targets(args),
                       check_shapes=args.check_shapes,
                       extra_opset=args.extra_opset,
                       inputs_as_nchw=args.inputs_as_nchw, outputs_as_nchw=args.outputs_as_nchw)

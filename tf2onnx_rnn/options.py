@@ -37,7 +37,9 @@ class Options:
     training: bool = False  # the form onnxruntime's training API takes (target "training")
     onnxruntime: bool = False  # SimpleRNN as input MatMul + Scan, faster in onnxruntime (target "onnxruntime")
     streaming: Optional[bool] = None  # recurrent states in and out of the model; None: for stateful models
-    state_defaults: bool = True  # streamed state inputs of a fixed batch default to the source's start (initializers)
+    # streamed state inputs of a fixed batch default to the source's start (initializers); None: unless the
+    # target is portable (OpenVINO and tract read an input with an initializer as that constant)
+    state_defaults: Optional[bool] = None
     continue_on_error: bool = False  # write a model even when tf2onnx left ops it could not convert
     check_shapes: bool = True  # without verification, check the outputs' shapes against the source's
     large_model: bool = False  # weights go to a file beside the model (external data)
@@ -54,6 +56,11 @@ class Options:
     custom_rewriter: tuple = ()
     optimizers: Optional[dict] = None
 
+    @property
+    def defaults_states(self) -> bool:
+        """Whether streamed state inputs carry their defaults: as asked, else unless the target is portable."""
+        return self.state_defaults if self.state_defaults is not None else not self.portable
+
     @classmethod
     def of(cls, **given) -> "Options":
         """Options checked for what can be checked without the model: names, targets, opsets, shapes.
@@ -68,8 +75,9 @@ class Options:
         if given.get("streaming", None) not in (None, True, False):
             raise ConversionError(f"{param('streaming')} must be True, False or None (automatic), "
                                   f"got {given['streaming']!r}")
-        if given.get("state_defaults", True) not in (True, False):
-            raise ConversionError(f"{param('state_defaults')} must be True or False, got {given['state_defaults']!r}")
+        if given.get("state_defaults", None) not in (None, True, False):
+            raise ConversionError(f"{param('state_defaults')} must be True, False or None (automatic), "
+                                  f"got {given['state_defaults']!r}")
         for key in ("rename_inputs", "rename_outputs"):
             given[key] = name_list(given.get(key), key, unique=True)
         for key in ("inputs_as_nchw", "outputs_as_nchw"):

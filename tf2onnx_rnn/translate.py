@@ -53,7 +53,7 @@ def to_onnx(frozen: Frozen, options: Options) -> tuple:
             raise ConversionError(f"tf2onnx cannot convert this model: {type(error).__name__}: "
                                   f"{first_line(error)}") from error
     _check_fused_ops(frozen, findings)
-    if not options.state_defaults:
+    if not options.defaults_states:
         drop_state_defaults(model_proto, findings)
     _check_nchw(_io_ranks(model_proto), nchw)
     _scan_form(model_proto, findings)
@@ -61,8 +61,9 @@ def to_onnx(frozen: Frozen, options: Options) -> tuple:
 
 
 def drop_state_defaults(model_proto: onnx.ModelProto, findings: Findings) -> None:
-    """Streamed state inputs without their defaults (``state_defaults=False``): required, as OpenVINO and
-    tract need them to feed states (both read an input that has an initializer as that constant)."""
+    """Streamed state inputs without their defaults (``state_defaults=False``, and by default for the
+    portable target): required, as OpenVINO and tract need them to feed states (both read an input that
+    has an initializer as that constant)."""
     states = {name for row in findings.outcomes for name in row.state_inputs if name}
     kept = [tensor for tensor in model_proto.graph.initializer if tensor.name not in states]
     del model_proto.graph.initializer[:]
