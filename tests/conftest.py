@@ -24,6 +24,16 @@ if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests of one module given the same parameters run in one xdist worker (``--dist loadgroup``,
+    pyproject.toml): they share the conversion cached per process (``parity.converted``), which two
+    workers would each make."""
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None:
+            item.add_marker(pytest.mark.xdist_group(f"{item.module.__name__}[{callspec.id}]"))
+
+
 @pytest.fixture(autouse=True)
 def _restore_logger_levels():
     """The command line sets levels on TensorFlow's, tf2onnx's and our loggers: undo that after each test."""
