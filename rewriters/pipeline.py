@@ -204,7 +204,7 @@ class RecurrentRewriter:
         if layers is None:  # pairing is an optimisation: without it every pass is its own node
             layers = [layer for pass_ in passes for layer in self._guarded(
                 "planning the node", [pass_], lambda pass_=pass_: plan_nodes(graph, [pass_], self.masks)) or []]
-        context = EmitContext(masks=self.masks, states=self.states, kernels=self.kernels)
+        context = EmitContext(masks=self.masks, states=self.states, kernels=self.kernels, planned=tuple(layers))
         for layer in layers:
             self._guarded("emitting", layer.passes, lambda layer=layer: self._emit(graph, layer, context))
 

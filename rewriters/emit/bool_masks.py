@@ -15,12 +15,22 @@ float Cast too. Both are rewritten here with the same values, bit for bit, and n
 float16 conversion (onnxconverter-common's ``convert_float_to_float16``) retypes a Cast's output
 but not its target type, which onnxruntime then refuses: without float Casts a masked model
 converts.
+
+:func:`masking_source` proves that a recurrent layer's input is such a Masking output, seen
+through the same moves of the batch and time axes as the layer's own mask: at every step that
+mask keeps, the input equals the Masking layer's input there, so a node that reads kept steps only
+can read that instead (:meth:`.emitter.EmitContext.input_of`).
 """
 from __future__ import annotations
+
+from typing import NamedTuple, Optional
 
 import numpy as np
 from onnx import TensorProto, helper
 from tf2onnx import utils
+from tf2onnx.graph_builder import GraphBuilder
+
+from ..readers.adapt import constant_list, reverses_nothing
 
 _FLOATS = frozenset({TensorProto.FLOAT16, TensorProto.FLOAT, TensorProto.DOUBLE})
 
@@ -89,4 +99,145 @@ def _bool_factor(graph, mul):
         if (cast is not None and cast.type == "Cast" and cast.get_attr_value("to") == dtype
                 and graph.get_dtype(cast.input[0]) == TensorProto.BOOL and graph.get_dtype(other) == dtype):
             return cast.input[0], other
+    return None
+
+
+class MaskingSource(NamedTuple):
+    """A layer's input as a Keras ``Masking`` layer's output seen through moves of its batch and
+    time axes: ``select`` is the Masking layer's output, ``source`` its input, ``moves`` the moves
+    from ``select`` to the layer's input (:func:`moved` applies them to another tensor)."""
+
+    select: str
+    source: str
+    moves: tuple
+
+
+SWAP = "swap"  # a move: the first two axes exchanged (batch-major <-> time-major)
+
+
+def masking_source(graph, x: str, mask: str) -> Optional[MaskingSource]:
+    """``x``, a layer's time-major input, as a Keras ``Masking`` layer's output, when ``mask``, the
+    layer's mask in the order of ``x``, is that same Masking layer's mask: ``any(source != value)``
+    over the last axis of the very tensor the select reads, seen through the same moves as ``x``.
+    Then at every step ``mask`` keeps, ``x`` equals ``source`` moved alike, bit for bit (``Masking``
+    gives ``x`` where its mask holds: ``SelectV2(m, x, 0)`` in Keras 3, ``x * cast(m)`` in tf_keras,
+    and ``x * 1`` is ``x``). None otherwise."""
+    select, moves = _moves(graph, x, units=False)
+    node = graph.get_node_by_output(select)
+    if node is None or not moves:
+        return None
+    if node.type == "SelectV2" and len(node.input) == 3:
+        condition, source = node.input[0], node.input[1]
+        otherwise = graph.get_node_by_output(node.input[2])
+        if otherwise is None or not otherwise.is_const() or np.size(otherwise.get_tensor_value(as_list=False)) != 1:
+            return None  # a wider value would broadcast the select past its input's shape
+    elif node.type == "Mul":
+        found = _bool_factor(graph, node)
+        if found is None:
+            return None
+        condition, source = found
+    else:
+        return None
+    # [B, T, 1]: broadcast against [B, T, F] step by step (a [B, T] would align with [T, F])
+    shape = graph.get_shape(condition)
+    value = _any_not_equal(graph, condition, source)
+    if value is None or shape is None or len(shape) != 3 or shape[-1] != 1:
+        return None
+    mask_root, mask_moves = _moves(graph, mask, units=True)
+    if mask_moves != moves or _any_not_equal(graph, mask_root, source) != value:
+        return None
+    return MaskingSource(select, _through_identities(graph, source), moves)
+
+
+def moved(graph, tensor: str, moves: tuple) -> str:
+    """``tensor`` [B, T, F] (or [T, B, F]) through ``moves`` as :func:`masking_source` found them."""
+    builder = GraphBuilder(graph)
+    for move in moves:
+        if move == SWAP:
+            tensor = graph.make_node("Transpose", [tensor], attr={"perm": [1, 0, 2]}).output[0]
+        else:
+            _, axes = move
+            tensor = builder.make_slice({"data": tensor, "starts": [-1] * len(axes), "ends": [-(2 ** 62)] * len(axes),
+                                         "steps": [-1] * len(axes), "axes": list(axes)})
+    return tensor
+
+
+def _through_identities(graph, tensor: str) -> str:
+    node = graph.get_node_by_output(tensor)
+    while node is not None and node.type == "Identity":
+        tensor, node = node.input[0], graph.get_node_by_output(node.input[0])
+    return tensor
+
+
+def _rank(graph, tensor: str) -> Optional[int]:
+    shape = graph.get_shape(tensor)
+    return None if shape is None else len(shape)
+
+
+def _moves(graph, tensor: str, units: bool) -> tuple:
+    """(root, moves): ``tensor`` as ``root`` seen through ops that only exchange its first two axes
+    (a Transpose [1, 0, ...]) or reverse them (ReverseV2 on axis 0 or 1), moves listed from ``root``
+    on; ``units``: also through a Cast to bool and an ExpandDims or Squeeze of a last axis of size
+    one after the first two (a mask's [B, T] <-> [B, T, 1])."""
+    moves = []
+    while True:
+        node = graph.get_node_by_output(tensor)
+        if node is None:
+            break
+        rank = _rank(graph, node.input[0]) if node.input else None
+        if node.type == "Identity" or reverses_nothing(graph, node):
+            pass
+        elif node.type == "Transpose":
+            perm = constant_list(graph, node.input[1]) if len(node.input) > 1 else node.get_attr_value("perm")
+            if perm is None or len(perm) < 2 or list(perm) != [1, 0] + list(range(2, len(perm))):
+                break
+            moves.append(SWAP)
+        elif node.type == "ReverseV2" and len(node.input) == 2:
+            axes = constant_list(graph, node.input[1])
+            if axes is None or rank is None:
+                break
+            axes = sorted({int(axis) % rank for axis in axes}) if rank else None
+            if not axes or any(axis > 1 for axis in axes):
+                break
+            moves.append(("reverse", tuple(axes)))
+        elif units and node.type == "Cast" and node.get_attr_value("to") == TensorProto.BOOL \
+                and graph.get_dtype(node.input[0]) == TensorProto.BOOL:
+            pass
+        elif units and node.type == "ExpandDims" and rank is not None and rank >= 2 \
+                and constant_list(graph, node.input[1]) in ([-1], [rank]):
+            pass
+        elif units and node.type == "Squeeze" and rank is not None and rank >= 3 \
+                and [int(a) % rank for a in node.get_attr_value("squeeze_dims", [])] == [rank - 1] \
+                and (graph.get_shape(node.input[0]) or [None])[-1] == 1:
+            pass
+        else:
+            break
+        tensor = node.input[0]
+    return tensor, tuple(reversed(moves))
+
+
+def _any_not_equal(graph, tensor: str, source: str):
+    """The value compared when ``tensor`` (through Casts to bool and a last unit axis's ExpandDims or
+    Squeeze) is ``Any(NotEqual(source, value), last axis)`` of ``source`` [B, T, F], for a constant
+    value: (its dtype, shape and bytes); else None."""
+    root, moves = _moves(graph, tensor, units=True)
+    node = graph.get_node_by_output(root)
+    if moves or node is None or node.type != "Any" or len(node.input) != 2:
+        return None
+    rank = _rank(graph, source)
+    if rank != 3 or constant_list(graph, node.input[1]) not in ([-1], [rank - 1]):
+        return None
+    compare = graph.get_node_by_output(node.input[0])
+    if compare is None or compare.type != "NotEqual" or len(compare.input) != 2:
+        return None
+    source = _through_identities(graph, source)
+    for index in (0, 1):
+        if _through_identities(graph, compare.input[index]) != source:
+            continue
+        other = graph.get_node_by_output(compare.input[1 - index])
+        while other is not None and other.type == "Identity":
+            other = graph.get_node_by_output(other.input[0])
+        if other is not None and other.is_const():
+            value = np.asarray(other.get_tensor_value(as_list=False))
+            return str(value.dtype), value.shape, value.tobytes()
     return None

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Optional
 
 import numpy as np
 from onnx import helper
@@ -14,6 +15,7 @@ from tf2onnx import utils
 from tf2onnx.graph_builder import GraphBuilder
 
 from ..description import MaskedOutput, NodeDirection, NoMatch, RecurrentLayer, StateRole
+from .bool_masks import MaskingSource, masking_source, moved
 from .kernels import NATIVE, NativeNodes, NodeInputs
 from .mask_forms import MaskForm, Masks, PortableMask
 from .mask_tensors import LengthTensors, MaskTensors
@@ -82,10 +84,46 @@ class EmitContext:
     kernels: NativeNodes = NATIVE  # what computes a layer's recurrence (the native node, or a Scan for onnxruntime)
     renamed: dict = field(default_factory=dict)  # tensors replaced by earlier emissions -> replacements
     mask_tensors: dict = field(default_factory=dict)  # mask key -> MaskTensors, so layers share one computation
+    planned: tuple = ()  # every layer planned in the graph (the readers of a Masking layer's output)
+    unmasked: dict = field(default_factory=dict)  # a layer's input -> the same read before a Masking layer's select
+    read_after: dict = field(default_factory=dict)  # a Masking layer's output -> whether more than its skippers read it
 
     def current(self, tensor: str) -> str:
         """A tensor's name now: an earlier node of this graph may have replaced it."""
         return self.renamed.get(tensor, tensor)
+
+    def input_of(self, graph, layer: RecurrentLayer) -> str:
+        """The tensor a layer's node reads X from: the layer's input as the graph has it now or, when
+        that input is a Keras ``Masking`` layer's output masked by the very mask the layer uses
+        (:func:`.bool_masks.masking_source`) and nothing but such layers reads that output, the same
+        moves of the Masking layer's own input: the two are equal at every kept step, and no output
+        depends on another step (:attr:`.mask_forms.Masks.reads_kept_steps_only`). The select then
+        has no reader left, and goes with the loops."""
+        x = self.current(layer.x)
+        found = self.masking(graph, layer)
+        if found is None or self.select_read_after(graph, found.select):
+            return x
+        if x not in self.unmasked:
+            self.unmasked[x] = moved(graph, found.source, found.moves)
+        return self.unmasked[x]
+
+    def masking(self, graph, layer: RecurrentLayer) -> Optional[MaskingSource]:
+        """The Masking layer whose select a masked layer's node may skip (None: none may be)."""
+        if layer.mask is None or layer.batch_major or not self.masks.reads_kept_steps_only:
+            return None
+        return masking_source(graph, self.current(layer.x), self.current(layer.mask))
+
+    def select_read_after(self, graph, select: str) -> bool:
+        """Whether a Masking layer's output is still read once the planned layers that may skip its
+        select (:meth:`masking`) are nodes: by anything the graph's outputs need but their loops (a
+        Dense, another layer, a graph output...)."""
+        if select not in self.read_after:
+            skipping = {pass_.loop for layer in self.planned
+                        if (found := self.masking(graph, layer)) is not None and found.select == select
+                        for pass_ in layer.passes}
+            needed = graph.extract_sub_graph_nodes(graph.outputs, input_checker=lambda node: node.name not in skipping)
+            self.read_after[select] = graph.get_node_by_output(select) in needed
+        return self.read_after[select]
 
 
 @dataclass(frozen=True)
@@ -113,7 +151,8 @@ class Emission:
         if dtype.name not in kind.element_types:
             raise NoMatch(f"onnxruntime's {kind.onnx_op} does not run {dtype.name} (it runs "
                           f"{', '.join(kind.element_types)}): the layer stays an exact Loop")
-        self.layer = layer = context.states.prepare(graph, layer, context.current(layer.x))
+        self.input = context.input_of(graph, layer)  # what the node reads X from (see EmitContext.input_of)
+        self.layer = layer = context.states.prepare(graph, layer, self.input)
         self.builder = GraphBuilder(graph)
         self._reversals: dict = {}  # reversed_in_time's outputs -> their inputs
         self.name = utils.make_name(layer.name.replace("/", "_") + "_" + layer.first.kind.onnx_op)
@@ -145,7 +184,7 @@ class Emission:
         """The layer's input in the order its node steps through it (reversed here when the layer
         says so: an unrolled layer gives its input in time order only)."""
         if self._x is None:
-            x = self.current(self.layer.x)
+            x = self.input
             if self.layer.batch_major:
                 x = self.graph.make_node("Transpose", [x], attr={"perm": _BATCH_MAJOR}).output[0]
             self._x = self.reversed_in_time(x) if self.layer.reverse_x else x

@@ -156,6 +156,23 @@ class Masks:
                             "sequence_lens the node gives c only after the last step")
         return self.form
 
+    @property
+    def reads_kept_steps_only(self) -> bool:
+        """Whether no output of a masked layer depends on its node's X at a step its mask does not
+        keep, so that the node may read its input from before a Keras ``Masking`` layer's select
+        (:meth:`.emitter.EmitContext.input_of`; the two are equal at kept steps).
+
+        With ``sequence_lens`` (the default form, the onnxruntime target, streaming, a portable layer
+        whose c is used) each row's kept steps come first (compacted, or post-padding assumed) and the
+        node stops at their count. The portable form's node runs on past them, but a recurrence never
+        reaches back in time: its outputs at the kept positions read kept steps only, and those after
+        are discarded (the outputs gathered from kept positions, or selected away by a Where, the state
+        read at the last kept position); onnxruntime's Scan for SimpleRNN likewise (a Where, a GatherND).
+        Not for training: gradients run back through the steps after the kept ones, as zeros times the
+        input there and the activations' slopes, exact only while those are finite (an input of
+        ``Masking(mask_value=inf)``, a relu cell that overflows): the select stays."""
+        return not self.forward_nodes
+
     def compacts(self, layer: RecurrentLayer) -> bool:
         """Whether a masked layer's input is compacted (kept steps moved to the front).
 
