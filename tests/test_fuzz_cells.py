@@ -10,7 +10,8 @@ weight random. The property: no ``Loop`` is left (a cell a matcher claims is a n
 other a ``Scan``), ``onnx.checker`` passes, and onnxruntime equals Keras within 1e-5 relative on
 rounds whose batch differs from their time, masked rows full, post-padded, pre-padded, holed and empty.
 Where it does not (chained products grow values to the hundreds, and float32 rounding with them), the
-same cell computed in float64 decides: ours must be as close to it as Keras's float32 is.
+same cell computed in float64 decides: ours must be within 1e-5 relative of it beyond Keras's own
+float32 error.
 
 ``TF2ONNX_RNN_FUZZ_EXAMPLES`` (examples per flavor, default 6 here) and ``TF2ONNX_RNN_FUZZ_SEED``
 (unset: derandomized, as CI runs it; an integer; or ``random``) work as for ``test_fuzz.py``.
@@ -146,7 +147,7 @@ def check(flavor: str, plan: CellPlan) -> None:
         if error > 1e-5:  # float32 rounding, or wrong? the same cell in float64 tells
             exact = _in_float64(flavor, plan, model, x)
             ours, keras = _relative(got, exact), _relative(want, exact)
-            assert ours <= max(keras, 1e-5), (f"{batch_time}: relative error {error:.3g} from Keras; from the "
+            assert ours <= keras + 1e-5, (f"{batch_time}: relative error {error:.3g} from Keras; from the "
                                               f"float64 cell {ours:.3g} (Keras's float32: {keras:.3g})\n"
                                               f"{report.table()}")
 
@@ -158,7 +159,7 @@ def _relative(got: np.ndarray, want: np.ndarray) -> float:
 def _in_float64(flavor: str, plan: CellPlan, model, x: np.ndarray) -> np.ndarray:
     """The model's outputs computed in float64 (the same cell and weights): where Keras's float32 and
     ours differ by more than the tolerance (values in the hundreds after chained products), ours must
-    be as close to this as Keras's float32 is."""
+    be within the tolerance of this beyond Keras's own float32 error."""
     K = parity.keras_module(flavor)
     config = getattr(K, "config", None)
     if config is not None and hasattr(config, "set_dtype_policy"):  # Keras 3
