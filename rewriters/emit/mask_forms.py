@@ -51,8 +51,13 @@ class MaskForm:
         return y
 
     def state(self, emission: Emission, node, index: int, role: StateRole) -> str:
-        """[1, B, H]: pass ``index``'s state at its last kept step (zeros for a row with none)."""
-        return emission.node_state(node, index, role)
+        """[1, B, H]: pass ``index``'s state at its last kept step (zeros for a row with none).
+        onnxruntime 1.23's RNN kernel leaves Y_h of a row whose sequence_lens is 0 unwritten (any
+        value, 1e22 seen; 1.32 writes zeros): a masked RNN node's state is zeroed there."""
+        state = emission.node_state(node, index, role)
+        if emission.mask is not None and emission.layer.first.kind.onnx_op == "RNN":
+            state = emission.mask.op("Where", [emission.mask.nonempty, state, emission.mask.zero])
+        return state
 
     def describe(self, layer: RecurrentLayer, compacted: bool) -> str:
         """The form ``layer`` (as planned, before :meth:`layers`) took, for the report's mask column."""
