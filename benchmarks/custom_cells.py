@@ -3,6 +3,7 @@ built by hand (the floor) and stock tf2onnx's Loop, in onnxruntime and OpenVINO.
 
     python benchmarks/custom_cells.py                  # every case, results in benchmarks/results/
     python benchmarks/custom_cells.py --smoke          # one case, one short round: checks the script runs
+    python benchmarks/custom_cells.py --cells ln-elman # some cases only (printed, not written)
 
 Cases (T=100, F=64, H=128, batch 1 and 16, Keras 3): SimpleRNN(activation="gelu"), the same behind
 Masking (rows of mixed lengths), an Elman cell with LayerNormalization on its pre-activation
@@ -227,13 +228,19 @@ def main(argv=None) -> int:
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
+    parser.add_argument("--cells", default=",".join(CELLS),
+                        help="comma-separated cases to time; the results files are written only for all of them")
     args = parser.parse_args(argv)
-    cases = [("gelu", 1)] if args.smoke else [(cell, batch) for cell in CELLS for batch in (1, 16)]
+    cells = [cell for cell in args.cells.split(",") if cell]
+    unknown = sorted(set(cells) - set(CELLS))
+    if unknown:
+        parser.error(f"unknown cell {unknown[0]!r}; known: {', '.join(CELLS)}")
+    cases = [("gelu", 1)] if args.smoke else [(cell, batch) for cell in cells for batch in (1, 16)]
     rounds, block = (1, 0.05) if args.smoke else (args.rounds, 0.25)
     results = [time_case(cell, batch, rounds, block) for cell, batch in cases]
     text = table(results)
     print(text)
-    if not args.smoke:
+    if not args.smoke and set(cells) == set(CELLS):
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "custom_cells.md"), "w") as stream:
             stream.write("# Recurrences no ONNX node names: the Scan form\n\n" + __doc__.split("\n\n", 2)[2]
