@@ -110,3 +110,15 @@ def assert_one_error_line(stderr: str) -> str:
     assert lines[0].startswith("error: "), stderr
     assert "Traceback" not in stderr
     return lines[0]
+
+
+def save_serving(model, path, features: int) -> None:
+    """Save a Keras model as a SavedModel whose ``serving_default`` takes ``x`` [batch, time, features]
+    and gives ``y``."""
+    import tensorflow as tf
+
+    module = tf.Module()
+    module.weights = list(model.weights)
+    module.serve = tf.function(lambda x: {"y": model(x, training=False)},
+                               input_signature=[tf.TensorSpec((None, None, features), tf.float32, name="x")])
+    tf.saved_model.save(module, str(path), signatures={"serving_default": module.serve.get_concrete_function()})

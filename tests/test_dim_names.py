@@ -106,7 +106,6 @@ def test_a_stateful_model_has_a_fixed_batch_and_named_states(flavor):
 def test_a_keras_file_and_a_saved_model(tmp_path, capfd):
     """The command line's doors: the report printed lists the names; a SavedModel's batch is named from
     the recurrent node it reaches (the signature does not say which axis is the batch)."""
-    import tensorflow as tf
 
     from tf2onnx_rnn import convert
 
@@ -118,12 +117,7 @@ def test_a_keras_file_and_a_saved_model(tmp_path, capfd):
     assert code == 0, out
     assert "dimensions: x[batch, time, 3]; bidi[batch, time, 8]" in out
     check_named(onnx.load(str(tmp_path / "file.onnx")))
-    module = tf.Module()
-    module.weights = list(model.weights)
-    module.serve = tf.function(lambda x: {"y": model(x, training=False)},
-                               input_signature=[tf.TensorSpec((None, None, FEATURES), tf.float32, name="x")])
-    tf.saved_model.save(module, str(tmp_path / "saved"),
-                        signatures={"serving_default": module.serve.get_concrete_function()})
+    helpers.save_serving(model, tmp_path / "saved", FEATURES)
     code = convert.main(["--saved-model", str(tmp_path / "saved"), "--output", str(tmp_path / "saved.onnx")])
     assert code == 0, capfd.readouterr().out
     assert check_named(onnx.load(str(tmp_path / "saved.onnx"))) == {"x": ["batch", "time", FEATURES],

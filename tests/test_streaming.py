@@ -236,17 +236,11 @@ def test_cli_streams_a_saved_model_and_verifies(tmp_path, capfd):
     """``--saved-model DIR --streaming --verify``: states named after the graph's layer scopes,
     verified against TensorFlow from zero states, chunked == whole."""
     import onnx
-    import tensorflow as tf
 
     from tf2onnx_rnn import convert
 
     model, _ = build(parity.FLAVORS[0], "masked-sequences")
-    module = tf.Module()
-    module.weights = list(model.weights)
-    module.serve = tf.function(lambda x: {"y": model(x, training=False)},
-                               input_signature=[tf.TensorSpec((None, None, FEATURES), tf.float32, name="x")])
-    tf.saved_model.save(module, str(tmp_path / "saved"),
-                        signatures={"serving_default": module.serve.get_concrete_function()})
+    helpers.save_serving(model, tmp_path / "saved", FEATURES)
     output = tmp_path / "streamed.onnx"
     code = convert.main(["--saved-model", str(tmp_path / "saved"), "--output", str(output), "--streaming", "--verify"])
     out = capfd.readouterr().out
