@@ -43,7 +43,7 @@ class MaskForm:
         x = emission.x
         if emission.mask is None:
             return x, ""
-        return (emission.mask.compact_batch_major(x) if emission.compacted else x), emission.mask.lengths
+        return (emission.mask.compact(x) if emission.compacted else x), emission.mask.lengths
 
     def steps(self, emission: Emission, y: str) -> str:
         """[T, B, H]: a pass's node outputs -> its outputs in the order of X, at compacted positions

@@ -168,28 +168,6 @@ class MaskTensors:
         """[T, B, F] -> the same with each row's kept steps moved to the front, in order."""
         return self.op("Gather", [self.op("Flatten", [x], axis=2), self.compaction_rows], axis=0)
 
-    @_built_once
-    def compaction_order(self) -> str:
-        """[B, T, 1]: for compacted position k of a row, the step of its input to read."""
-        key = self.op("Transpose", [self.op("Where", [self.bool, self.steps, self.op("Add", [self.steps,
-                                                                                            self.time_and_batch[0]])])],
-                      perm=[1, 0])
-        count = self.builder.make_unsqueeze({"data": self.time_and_batch[0], "axes": [0]})
-        order = self.graph.make_node("TopK", [key, count], attr={"axis": 1, "largest": 0, "sorted": 1},
-                                     output_count=2).output[1]
-        return self.builder.make_unsqueeze({"data": order, "axes": [2]})
-
-    def compact_batch_major(self, x: str) -> str:
-        """:meth:`compact` as one GatherND over the batch-major input, between two Transposes: where x
-        is the transpose of a batch-major tensor (Keras's time-major loop input), tf2onnx's optimizer
-        cancels the first against it, so the compaction costs the input's one copy and its indices
-        (its row arithmetic and the flattening go). Exact for every mask; for the sequence_lens forms
-        (tract and onnx2torch, the portable form's consumers, are not asked to run GatherND)."""
-        batch_major = self.op("Transpose", [x], perm=[1, 0, 2])
-        compacted = self.graph.make_node("GatherND", [batch_major, self.compaction_order],
-                                         attr={"batch_dims": 1}).output[0]
-        return self.op("Transpose", [compacted], perm=[1, 0, 2])
-
     def compact_reversed(self, x: str, compacted: bool = True) -> str:
         """[T, B, F] -> each row's kept steps at the front in reverse order (last kept step first);
         ``compacted=False``: the kept steps are at the front already (post-padded)."""
@@ -240,18 +218,6 @@ class MaskTensors:
         that steps ``backward`` through X carries back in time: a masked step reads the next kept
         step's position, or the row's count (a zero) when none follows. No Where over the outputs,
         no Slice of the directions."""
-        if directions == 1:
-            # batch-major: one GatherND between two Transposes, the second cancelled by tf2onnx's optimizer
-            # against the transpose of Keras's time-major output (no flattening, no row arithmetic)
-            if ("batch-major", y) not in self._cache:
-                self._cache[("batch-major", y)] = self.op("Transpose", [self.builder.make_squeeze(
-                    {"data": y, "axes": [1]})], perm=[1, 0, 2])  # [B, T, H]
-            source = (self.kept_source if output is MaskedOutput.ZERO else
-                      self.following if backward else self.source)
-            rows = self.builder.make_unsqueeze({"data": self.op("Transpose", [source], perm=[1, 0]), "axes": [2]})
-            restored = self.graph.make_node("GatherND", [self._cache[("batch-major", y)], rows],
-                                            attr={"batch_dims": 1}).output[0]
-            return self.op("Transpose", [restored], perm=[1, 0, 2])
         if ("flat", y) not in self._cache:
             self._cache[("flat", y)] = self.op("Flatten", [y], axis=3)  # [T * directions * B, H]
         batch = self.time_and_batch[1]
