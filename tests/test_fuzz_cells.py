@@ -146,14 +146,27 @@ def check(flavor: str, plan: CellPlan) -> None:
         error = _relative(got, want)
         if error > 1e-5:  # float32 rounding, or wrong? the same cell in float64 tells
             twin = _float64_twin(flavor, plan, model)
-            twin_session = helpers.ort_session(convert_keras(twin))
+            twin_proto = convert_keras(twin)
+            twin_session = helpers.ort_session(twin_proto)
             x_twin = x.astype(np.float64) if twin_session.get_inputs()[0].type == "tensor(double)" else x
             exact = np.asarray(twin(x_twin, training=False))
             (twin_got,) = twin_session.run(None, {"x": x_twin})
             ours, keras, structure = _relative(got, exact), _relative(want, exact), _relative(twin_got, exact)
             where = (f"{batch_time}: relative error {error:.3g} from Keras; float64: ours {structure:.3g} from "
                      f"Keras; float32 from the float64 cell: ours {ours:.3g}, Keras {keras:.3g}\n{report.table()}")
-            assert structure <= 1e-9 and ours <= 1e-3, where
+            assert structure <= _twin_tolerance(twin_proto) and ours <= 1e-3, where
+
+
+def _twin_tolerance(proto) -> float:
+    """How close the converted float64 twin must come to Keras's float64: 1e-9, or 1e-6 where it computes
+    an erf (gelu) in float32: onnxruntime has no float64 Erf, so tf2onnx casts around it (Keras's
+    float64 gelu is within about 1e-7 of it; measured in tests/FUZZ_RESULTS.md)."""
+    nodes = list(helpers.all_nodes(proto))
+    made_by = {output: node for node in nodes for output in node.output}
+    casts = [made_by.get(node.input[0]) for node in nodes if node.op_type == "Erf"]
+    float32_erf = any(cast is not None and cast.op_type == "Cast"
+                      and helpers.attribute(cast, "to") == onnx.TensorProto.FLOAT for cast in casts)
+    return 1e-6 if float32_erf else 1e-9
 
 
 def _relative(got: np.ndarray, want: np.ndarray) -> float:
