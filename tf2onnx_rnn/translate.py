@@ -57,6 +57,7 @@ def to_onnx(frozen: Frozen, options: Options) -> tuple:
         drop_state_defaults(model_proto, findings)
     _check_nchw(_io_ranks(model_proto), nchw)
     _scan_form(model_proto, findings)
+    _fold_transposed_gathers(model_proto)
     return model_proto, nchw, findings
 
 
@@ -79,6 +80,24 @@ def _scan_form(model_proto: onnx.ModelProto, findings: Findings) -> None:
         scan_loops(model_proto, findings)
     except Exception as error:  # noqa: BLE001 - the Loops stay, exact; their rows say they are Loops
         logger.warning("recurrent loops stay Loops: internal error while writing the Scan form: %s: %s",
+                       type(error).__name__, error, exc_info=True)
+
+
+def _fold_transposed_gathers(model_proto: onnx.ModelProto) -> None:
+    """A masked layer's outputs gathered straight into batch-major order (``rewriters.emit.transposed_gathers``);
+    a failure leaves the model as written (it is exact either way)."""
+    try:
+        from .rewriters.emit.transposed_gathers import fold_transposed_gathers
+
+        backup = onnx.GraphProto()
+        backup.CopyFrom(model_proto.graph)
+        try:
+            fold_transposed_gathers(model_proto)
+        except Exception:
+            model_proto.graph.CopyFrom(backup)
+            raise
+    except Exception as error:  # noqa: BLE001 - the model stays as written, exact
+        logger.warning("the outputs' transposes stay: internal error while folding them into gathers: %s: %s",
                        type(error).__name__, error, exc_info=True)
 
 

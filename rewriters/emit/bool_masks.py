@@ -162,6 +162,12 @@ def moved(graph, tensor: str, moves: tuple) -> str:
     return tensor
 
 
+def unit_axis_moves(graph, mask: str) -> tuple:
+    """(root, moves): a mask as ``root`` seen through exchanges of its first two axes, reversals, Casts
+    of a bool to bool and the expansion or squeeze of a last unit axis (its [B, T] <-> [B, T, 1])."""
+    return _moves(graph, mask, units=True)
+
+
 def _through_identities(graph, tensor: str) -> str:
     node = graph.get_node_by_output(tensor)
     while node is not None and node.type == "Identity":

@@ -162,7 +162,8 @@ class Emission:
             key = ("lengths", context.current(layer.lengths), context.current(layer.x))
             if key not in context.mask_tensors:
                 context.mask_tensors[key] = LengthTensors(graph, context.current(layer.lengths),
-                                                          context.current(layer.x), layer.first.dtype)
+                                                          context.current(layer.x), layer.first.dtype,
+                                                          context.masks.int32_keys)
             self.mask = context.mask_tensors[key]
         elif layer.mask is not None:
             key = layer.mask_key or (context.current(layer.mask),)
@@ -171,7 +172,7 @@ class Emission:
             if key not in context.mask_tensors:
                 mask = context.current(layer.mask)
                 mask = self.reversed_in_time(mask) if layer.reverse_x else mask
-                context.mask_tensors[key] = MaskTensors(graph, mask, layer.first.dtype)
+                context.mask_tensors[key] = MaskTensors(graph, mask, layer.first.dtype, context.masks.int32_keys)
             self.mask = context.mask_tensors[key]
         self.compacted = self.mask is not None and context.masks.compacts(layer)
         self._x = None

@@ -162,6 +162,12 @@ class Masks:
         return self.form
 
     @property
+    def int32_keys(self) -> bool:
+        """Whether the compaction sorts int32 keys (the portable form: tract's TopK cannot compare its
+        symbolic size type, which its int64 sizes take); int64 elsewhere, one Cast fewer."""
+        return isinstance(self.form, PortableMask)
+
+    @property
     def reads_kept_steps_only(self) -> bool:
         """Whether no output of a masked layer depends on its node's X at a step its mask does not
         keep, so that the node may read its input from before a Keras ``Masking`` layer's select

@@ -16,6 +16,9 @@ from tf2onnx import utils
 from tf2onnx.graph_builder import GraphBuilder
 
 from ..description import MaskedOutput
+from .bool_masks import SWAP, unit_axis_moves
+
+_PAST_EVERY_RANK = 2 ** 30  # a sort key past every kept step's rank (fits int32, for tract)
 
 
 def _built_once(builder):
@@ -36,8 +39,9 @@ class MaskTensors:
     ``source``: at step t, the compacted position of the latest kept step up to t.
     """
 
-    def __init__(self, graph, mask: Optional[str], float_type: np.dtype):
+    def __init__(self, graph, mask: Optional[str], float_type: np.dtype, int32_keys: bool = False):
         self.graph, self.builder = graph, GraphBuilder(graph)
+        self.int32_keys = int32_keys  # sort keys cast to int32 (the portable target: tract)
         self.float_type_np = np.dtype(float_type)
         self._cache: dict = {}
         self._mask = mask
@@ -47,7 +51,12 @@ class MaskTensors:
         """[T, B] bool: the mask."""
         mask = self._mask
         if len(self.graph.get_shape(mask) or []) == 3:
-            mask = self.builder.make_squeeze({"data": mask, "axes": [2]})
+            # Keras's [B, T] mask expanded to [B, T, 1] and moved: read from before the expansion
+            root, moves = unit_axis_moves(self.graph, mask)
+            if len(self.graph.get_shape(root) or []) == 2 and moves in ((), (SWAP,)):
+                mask = self.op("Transpose", [root], perm=[1, 0]) if moves else root
+            else:
+                mask = self.builder.make_squeeze({"data": mask, "axes": [2]})
         return self.op("Cast", [mask], to=TensorProto.BOOL)
 
     def op(self, op_type: str, inputs, **attrs) -> str:
@@ -63,15 +72,32 @@ class MaskTensors:
         return self.op("Where", [self.bool, self.const(1), self.const(0)])
 
     @_built_once
-    def time_and_batch(self):
-        shape = self.op("Shape", [self.bool])
-        return (self.op("Gather", [shape, self.const(0)], axis=0),
-                self.op("Gather", [shape, self.const(1)], axis=0))
+    def shape(self) -> str:
+        """[2]: T and B."""
+        return self.op("Shape", [self.bool])
+
+    @_built_once
+    def time(self) -> str:
+        """The scalar T."""
+        return self.op("Gather", [self.shape, self.const(0)], axis=0)
+
+    @_built_once
+    def batch(self) -> str:
+        """The scalar B."""
+        return self.op("Gather", [self.shape, self.const(1)], axis=0)
+
+    @_built_once
+    def time_count(self) -> str:
+        """[1]: T, as TopK takes its count (one Shape node from opset 15 on)."""
+        if self.graph.opset >= 15:
+            return self.graph.make_node("Shape", [self.bool], attr={"start": 0, "end": 1}, shapes=[[1]],
+                                        dtypes=[TensorProto.INT64]).output[0]
+        return self.builder.make_unsqueeze({"data": self.time, "axes": [0]})
 
     @_built_once
     def batch_index(self) -> str:
         """[B]: 0 .. B-1, to turn (step, row) into a row of a [T*B, ...] flattening."""
-        return self.op("Range", [self.const(0), self.time_and_batch[1], self.const(1)])
+        return self.op("Range", [self.const(0), self.batch, self.const(1)])
 
     @_built_once
     def counts(self) -> str:
@@ -92,34 +118,37 @@ class MaskTensors:
     def source_rows(self) -> str:
         """[T, B]: ``source`` as rows of a flattened [T*B, H] output (clamped at 0)."""
         clamped = self.op("Max", [self.source, self.const(0)])
-        return self.op("Add", [self.op("Mul", [clamped, self.time_and_batch[1]]), self.batch_index])
+        return self.op("Add", [self.op("Mul", [clamped, self.batch]), self.batch_index])
 
     @_built_once
     def steps(self) -> str:
         """[T, 1]: 0 .. T-1."""
-        time = self.time_and_batch[0]
+        time = self.time
         return self.builder.make_unsqueeze({"data": self.op("Range", [self.const(0), time, self.const(1)]),
                                             "axes": [1]})
 
     @_built_once
     def compaction_rows(self) -> str:
-        """[T, B]: for compacted position k, the row of the flattened input to read."""
-        time, batch = self.time_and_batch
-        # kept steps first, in order: t, else T + t. Sorted as int32: tract computes on sizes in its
-        # symbolic dimension type, which its TopK cannot compare (nor multiply by a symbolic T)
-        key = self.op("Where", [self.bool, self.steps, self.op("Add", [self.steps, time])])
-        key = self.op("Cast", [key], to=TensorProto.INT32)
-        count = self.builder.make_unsqueeze({"data": time, "axes": [0]})
-        order = self.graph.make_node("TopK", [key, count], attr={"axis": 0, "largest": 0, "sorted": 1},
+        """[T, B]: for compacted position k, the row of the flattened input to read.
+
+        Sorted on each kept step's rank among the row's kept steps (``source`` there, shared with the
+        restore), every other step past them all: the kept steps come first, in order, with keys no
+        two of which are equal (a sort need not be stable). Where the masked steps land does not
+        matter: past each row's kept count the node's outputs are dropped."""
+        key = self.op("Where", [self.bool, self.source, self.const(_PAST_EVERY_RANK)])
+        if self.int32_keys:
+            # tract computes on sizes in its symbolic dimension type, which its TopK cannot compare
+            key = self.op("Cast", [key], to=TensorProto.INT32)
+        order = self.graph.make_node("TopK", [key, self.time_count], attr={"axis": 0, "largest": 0, "sorted": 1},
                                      output_count=2).output[1]
-        return self.op("Add", [self.op("Mul", [order, batch]), self.batch_index])
+        return self.op("Add", [self.op("Mul", [order, self.batch]), self.batch_index])
 
     @_built_once
     def last_rows(self) -> str:
         """[1, B]: the row of a flattened [T*B, H] output at each row's last compacted kept
         position (count - 1, clamped at 0)."""
         last = self.op("Max", [self.op("Sub", [self.counts, self.const(1)]), self.const(0)])
-        rows = self.op("Add", [self.op("Mul", [last, self.time_and_batch[1]]), self.batch_index])
+        rows = self.op("Add", [self.op("Mul", [last, self.batch]), self.batch_index])
         return self.builder.make_unsqueeze({"data": rows, "axes": [0]})
 
     @_built_once
@@ -127,7 +156,7 @@ class MaskTensors:
         """[T, B]: for position k of a row with n kept steps at the front, the row of a flattened
         [T*B, ...] tensor to read so that the kept steps come in reverse: n-1-k for k < n, k after.
         Reversing twice is the identity. (ReverseSequence does the same; tract has no ReverseSequence.)"""
-        batch = self.time_and_batch[1]
+        batch = self.batch
         counts = self.builder.make_unsqueeze({"data": self.counts, "axes": [0]})
         flipped = self.op("Sub", [self.op("Sub", [counts, self.const(1)]), self.steps])
         position = self.op("Where", [self.op("Less", [self.steps, counts]), flipped, self.steps])
@@ -198,9 +227,9 @@ class MaskTensors:
     @_built_once
     def following_rows(self) -> str:
         """[T, B]: ``following`` as rows of a flattened [T*B, H] output (clamped at T - 1)."""
-        last = self.op("Sub", [self.time_and_batch[0], self.const(1)])
+        last = self.op("Sub", [self.time, self.const(1)])
         clamped = self.op("Min", [self.following, last])
-        return self.op("Add", [self.op("Mul", [clamped, self.time_and_batch[1]]), self.batch_index])
+        return self.op("Add", [self.op("Mul", [clamped, self.batch]), self.batch_index])
 
     @_built_once
     def ahead(self) -> str:
@@ -220,14 +249,16 @@ class MaskTensors:
         no Slice of the directions."""
         if ("flat", y) not in self._cache:
             self._cache[("flat", y)] = self.op("Flatten", [y], axis=3)  # [T * directions * B, H]
-        batch = self.time_and_batch[1]
+        batch = self.batch
         source = (self.kept_source if output is MaskedOutput.ZERO else
                   self.following if backward else self.source)
-        stride = batch if directions == 1 else self.op("Mul", [batch, self.const(directions)])
-        offset = self.batch_index
+        if ("rows", source, directions) not in self._cache:  # pass 0's rows; pass k's are k * B on
+            stride = batch if directions == 1 else self.op("Mul", [batch, self.const(directions)])
+            self._cache[("rows", source, directions)] = self.op("Add", [self.op("Mul", [source, stride]),
+                                                                        self.batch_index])
+        rows = self._cache[("rows", source, directions)]
         if index:
-            offset = self.op("Add", [offset, self.op("Mul", [batch, self.const(index)])])
-        rows = self.op("Add", [self.op("Mul", [source, stride]), offset])
+            rows = self.op("Add", [rows, batch if index == 1 else self.op("Mul", [batch, self.const(index)])])
         return self.op("Gather", [self._cache[("flat", y)], rows], axis=0)
 
     def restore(self, y: str, output: MaskedOutput, start: Optional[str] = None, backward: bool = False) -> str:
@@ -251,14 +282,17 @@ class LengthTensors(MaskTensors):
     row's length kept, those from it on masked. Its counts are the lengths themselves, and the mask is
     built only where a form asks for it."""
 
-    def __init__(self, graph, lengths: str, x: str, float_type: np.dtype):
-        super().__init__(graph, None, float_type)
+    def __init__(self, graph, lengths: str, x: str, float_type: np.dtype, int32_keys: bool = False):
+        super().__init__(graph, None, float_type, int32_keys)
         self._lengths, self._x = lengths, x
 
     @_built_once
-    def time_and_batch(self):
-        return (self.op("Gather", [self.op("Shape", [self._x]), self.const(0)], axis=0),
-                self.op("Gather", [self.op("Shape", [self._lengths]), self.const(0)], axis=0))
+    def time(self) -> str:
+        return self.op("Gather", [self.op("Shape", [self._x]), self.const(0)], axis=0)
+
+    @_built_once
+    def batch(self) -> str:
+        return self.op("Gather", [self.op("Shape", [self._lengths]), self.const(0)], axis=0)
 
     @_built_once
     def counts(self) -> str:

@@ -1,0 +1,60 @@
+"""The mask arithmetic of a masked layer, as written (``rewriters.emit.mask_tensors``): the compaction
+sorts each kept step's rank among its row's kept steps (the restore's own ranks, no second count of
+the steps), int32 keys only in the portable form (tract's TopK), and the mask read from before
+Keras's expansion of it to [B, T, 1] (no Unsqueeze undone by a Squeeze). Exactness for every mask
+is the parity tests' (test_parity_masking, test_portable); here a batch of every row kind checks the
+graphs asserted on are right too."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+import helpers
+import parity
+
+FEATURES, UNITS = 3, 4
+
+
+@pytest.fixture(scope="module")
+def masked_model():
+    keras = parity.keras_module(parity.FLAVORS[0])
+    x = keras.Input((None, FEATURES), name="x")
+    model = keras.Model(x, keras.layers.GRU(UNITS, return_sequences=True)(keras.layers.Masking()(x)))
+    rng = np.random.default_rng(3)
+    model.set_weights([rng.standard_normal(w.shape).astype(np.float32) for w in model.get_weights()])
+    return model
+
+
+def _every_row_kind(time: int = 8) -> np.ndarray:
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((5, time, FEATURES)).astype(np.float32)
+    x[0, :3] = 0.0  # pre-padded
+    x[2, 5:] = 0.0  # post-padded
+    x[3, 2:4] = 0.0  # holed
+    x[4] = 0.0  # empty (row 1 full)
+    return x
+
+
+@pytest.mark.parametrize("target", [None, "portable"])
+def test_the_compaction_sorts_the_kept_ranks(masked_model, target):
+    from tf2onnx_rnn import convert_keras
+
+    proto = convert_keras(masked_model, target=target)
+    made_by = {output: node for node in proto.graph.node for output in node.output}
+    (topk,) = helpers.nodes_of_types(proto, ["TopK"])
+    key = made_by[topk.input[0]]
+    if target == "portable":
+        assert key.op_type == "Cast" and helpers.attribute(key, "to") == onnx.TensorProto.INT32
+        key = made_by[key.input[0]]
+    assert key.op_type == "Where", key
+    ranks = made_by[key.input[1]]
+    assert ranks.op_type == "Sub" and made_by[ranks.input[0]].op_type == "CumSum", ranks
+    # the steps are never counted out: the one Range is the rows' 0 .. B-1
+    assert helpers.op_counts(proto)["Range"] == 1, helpers.op_types(proto)
+    squeezed = [n for n in proto.graph.node if n.op_type == "Squeeze" and made_by.get(n.input[0]) is not None
+                and made_by[n.input[0]].op_type == "Unsqueeze"]
+    assert not squeezed, [n.name for n in squeezed]
+    x = _every_row_kind()
+    (got,) = helpers.ort_session(proto).run(None, {"x": x})
+    np.testing.assert_allclose(got, np.asarray(masked_model(x, training=False)), rtol=1e-5, atol=1e-6)
