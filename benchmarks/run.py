@@ -225,10 +225,11 @@ def openvino_runner(model_proto, feeds: dict):
             reason = [line for line in str(error).splitlines() if line.strip()]
             return next((line.strip() for line in reason if "Conversion is failed for" in line), reason[-1])
     request = compiled.create_infer_request()
-    names = [port.get_any_name() for port in compiled.inputs]
+    # an input's tensor may carry several names (a Cast OpenVINO folds away gives it its output's)
+    names = [next(name for name in port.get_names() if name in feeds) for port in compiled.inputs]
 
     def run():
-        request.infer({name: feeds[name] for name in names})
+        request.infer({index: feeds[name] for index, name in enumerate(names)})
         return [np.asarray(request.get_output_tensor(0).data)]
 
     return run

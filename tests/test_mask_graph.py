@@ -58,3 +58,23 @@ def test_the_compaction_sorts_the_kept_ranks(masked_model, target):
     x = _every_row_kind()
     (got,) = helpers.ort_session(proto).run(None, {"x": x})
     np.testing.assert_allclose(got, np.asarray(masked_model(x, training=False)), rtol=1e-5, atol=1e-6)
+
+
+def test_a_bool_mask_input_is_read_as_it_is():
+    """No Cast of a bool to bool on the mask input: OpenVINO folds such a Cast and then names the model's
+    input after the Cast's output."""
+    from tf2onnx_rnn import convert_keras
+
+    keras = parity.keras_module(parity.FLAVORS[0])
+    x, mask = keras.Input((None, FEATURES), name="x"), keras.Input((None,), dtype="bool", name="mask")
+    model = keras.Model([x, mask], keras.layers.LSTM(UNITS, return_sequences=True)(x, mask=mask))
+    rng = np.random.default_rng(5)
+    model.set_weights([rng.standard_normal(w.shape).astype(np.float32) for w in model.get_weights()])
+    for target in (None, "portable"):
+        proto = convert_keras(model, target=target)
+        readers = [n for n in proto.graph.node if "mask" in n.input]
+        assert readers and not any(n.op_type == "Cast" for n in readers), [n.op_type for n in readers]
+        xv = _every_row_kind()
+        kept = np.any(xv != 0.0, axis=-1)
+        (got,) = helpers.ort_session(proto).run(None, {"x": xv, "mask": kept})
+        np.testing.assert_allclose(got, np.asarray(model([xv, kept], training=False)), rtol=1e-5, atol=1e-6)

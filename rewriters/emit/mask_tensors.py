@@ -57,6 +57,8 @@ class MaskTensors:
                 mask = self.op("Transpose", [root], perm=[1, 0]) if moves else root
             else:
                 mask = self.builder.make_squeeze({"data": mask, "axes": [2]})
+        if self.graph.get_dtype(mask) == TensorProto.BOOL:
+            return mask  # no Cast of a bool (OpenVINO folds one on a model input, naming the input after it)
         return self.op("Cast", [mask], to=TensorProto.BOOL)
 
     def op(self, op_type: str, inputs, **attrs) -> str:
