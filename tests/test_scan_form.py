@@ -113,6 +113,8 @@ def test_every_loop_is_a_lean_scan_with_its_reason(flavor, case):
         local = {i.name for i in body.input} | {out for n in body.node for out in n.output}
         reads = [n.name for n in body.node if n.op_type in ("Gather", "Slice") and n.input[0] not in local]
         assert not reads, f"a step reads a row of an outer sequence itself: {reads}"
+        split = _input_only_terms_split(scan, body)
+        assert not split, f"a step adds input-only terms apart (x @ W + h @ U + b): {split}"
         matmuls.append(body_ops.count("MatMul"))
     # the input's projection runs once over the sequence (in a stack, tf_keras's upper layer may keep it
     # in its step where the rank of its input is not declared: exact, not as lean)
@@ -123,6 +125,27 @@ def test_every_loop_is_a_lean_scan_with_its_reason(flavor, case):
     for row in rows:  # the matchers' reason, not a fault of ours
         assert row.node in {s.name for s in scans}, report.table()
         assert row.reason.strip() and not row.reason.startswith("internal error"), report.table()
+
+
+def _input_only_terms_split(scan, body) -> list:
+    """The step's Adds of an input-only term to a sum that holds another input-only term: such terms are
+    summed once over the sequence instead (``Add(Add(u, v), c)`` -> ``Add(Add(u, c), v)``)."""
+    states = len(scan.input) - helpers.attribute(scan, "num_scan_inputs")
+    varying = {value.name for value in body.input[:states]}
+    for node in body.node:
+        if varying & set(node.input):
+            varying.update(node.output)
+    made_by = {out: node for node in body.node for out in node.output}
+    split = []
+    for node in body.node:
+        if node.op_type != "Add":
+            continue
+        for term, other in ((node.input[0], node.input[1]), (node.input[1], node.input[0])):
+            inner = made_by.get(other)
+            if term not in varying and inner is not None and inner.op_type == "Add" \
+                    and any(name not in varying for name in inner.input):
+                split.append(node.name)
+    return split
 
 
 def parity_report(proto):

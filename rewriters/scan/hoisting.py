@@ -239,6 +239,7 @@ def hoist(body: list, rows: dict, row_ranks: dict, step_inputs: set, scope: Scop
     (its carried states); ``keep(name)``: whether a body tensor is a body output.
     """
     hoisted = Hoisted()
+    body = regroup_sums(body, step_inputs, keep, types)
     seq = dict(rows)  # per-step tensor -> its sequence outside
     lifter = _Lifter(scope, types, opset, hoisted, seq)
     lifter.rank.update(row_ranks)
@@ -270,3 +271,50 @@ def hoist(body: list, rows: dict, row_ranks: dict, step_inputs: set, scope: Scop
     hoisted.body = stays
     hoisted.ranks = dict(lifter.rank)
     return hoisted
+
+
+def regroup_sums(body: list, step_inputs: set, keep: Callable[[str], bool], types: TypeTable) -> list:
+    """``Add(Add(u, v), c)`` where ``v`` depends on a carried state and ``u`` and ``c`` do not (a cell's
+    ``x @ W + h @ U + b``), regrouped as ``Add(Add(u, c), v)``, repeatedly, so that the input-only sum
+    can move out of the step: the inner sum is read by the outer one alone and is no body output. The
+    sum is the same up to rounding (one float addition regrouped; well within the parity tolerance).
+    The regrouped inner node takes the outer one's place in the step (``c`` may be made after ``u``); its
+    sum's type is the outer sum's (the types of the input-only operand where it is as wide)."""
+    body = list(body)
+    changed = True
+    while changed:
+        changed = False
+        varying = set(step_inputs)
+        for node in body:
+            if subgraphs(node) or node.op_type == "Shape" or reads(node) & varying:
+                varying.update(node.output)
+        made_by = {out: node for node in body for out in node.output}
+        readers: dict = {}
+        for node in body:
+            for name in reads(node):
+                readers[name] = readers.get(name, 0) + 1
+        for index, outer in enumerate(body):
+            if outer.op_type != "Add" or len(outer.input) != 2:
+                continue
+            for inner_at, addend_at in ((0, 1), (1, 0)):
+                inner, addend = made_by.get(outer.input[inner_at]), outer.input[addend_at]
+                if inner is None or inner.op_type != "Add" or len(inner.input) != 2 or addend in varying \
+                        or readers.get(inner.output[0]) != 1 or keep(inner.output[0]):
+                    continue
+                if (inner.input[0] in varying) == (inner.input[1] in varying):
+                    continue
+                fixed, moving = (inner.input[1], inner.input[0]) if inner.input[0] in varying else inner.input
+                regrouped = helper.make_node("Add", [fixed, addend], [fresh(inner.output[0])],
+                                             name=fresh(inner.name or "Add"))
+                wide = types.shape(fixed) is not None and types.shape(fixed) == types.shape(outer.output[0])
+                typed = types.types.get(fixed if wide else outer.output[0])
+                if typed is not None:
+                    types.types[regrouped.output[0]] = typed
+                summed = helper.make_node("Add", [regrouped.output[0], moving], list(outer.output),
+                                          name=outer.name)
+                body = [n for n in body[:index] if n is not inner] + [regrouped, summed] + body[index + 1:]
+                changed = True
+                break
+            if changed:
+                break
+    return body
