@@ -114,7 +114,7 @@ def test_every_loop_is_a_lean_scan_with_its_reason(flavor, case):
         reads = [n.name for n in body.node if n.op_type in ("Gather", "Slice") and n.input[0] not in local]
         assert not reads, f"a step reads a row of an outer sequence itself: {reads}"
         split = _input_only_terms_split(scan, body)
-        assert not split, f"a step adds input-only terms apart (x @ W + h @ U + b): {split}"
+        assert not split, f"a step does input-only work apart (x @ W + h @ U + b, -a * c): {split}"
         matmuls.append(body_ops.count("MatMul"))
     # the input's projection runs once over the sequence (in a stack, tf_keras's upper layer may keep it
     # in its step where the rank of its input is not declared: exact, not as lean)
@@ -129,7 +129,8 @@ def test_every_loop_is_a_lean_scan_with_its_reason(flavor, case):
 
 def _input_only_terms_split(scan, body) -> list:
     """The step's Adds of an input-only term to a sum that holds another input-only term: such terms are
-    summed once over the sequence instead (``Add(Add(u, v), c)`` -> ``Add(Add(u, c), v)``)."""
+    summed once over the sequence instead (``Add(Add(u, v), c)`` -> ``Add(Add(u, c), v)``); and its
+    products of a negation by an input-only factor (that factor is negated once instead)."""
     states = len(scan.input) - helpers.attribute(scan, "num_scan_inputs")
     varying = {value.name for value in body.input[:states]}
     for node in body.node:
@@ -138,6 +139,9 @@ def _input_only_terms_split(scan, body) -> list:
     made_by = {out: node for node in body.node for out in node.output}
     split = []
     for node in body.node:
+        if node.op_type == "Mul":  # Mul(Neg(a), c): the sign belongs to c (Keras's gelu's -x / sqrt(2))
+            split += [node.name for name, other in zip(node.input, reversed(node.input))
+                      if name in made_by and made_by[name].op_type == "Neg" and other not in varying]
         if node.op_type != "Add":
             continue
         for term, other in ((node.input[0], node.input[1]), (node.input[1], node.input[0])):

@@ -274,12 +274,17 @@ def hoist(body: list, rows: dict, row_ranks: dict, step_inputs: set, scope: Scop
 
 
 def regroup_sums(body: list, step_inputs: set, keep: Callable[[str], bool], types: TypeTable) -> list:
-    """``Add(Add(u, v), c)`` where ``v`` depends on a carried state and ``u`` and ``c`` do not (a cell's
-    ``x @ W + h @ U + b``), regrouped as ``Add(Add(u, c), v)``, repeatedly, so that the input-only sum
-    can move out of the step: the inner sum is read by the outer one alone and is no body output. The
-    sum is the same up to rounding (one float addition regrouped; well within the parity tolerance).
-    The regrouped inner node takes the outer one's place in the step (``c`` may be made after ``u``); its
-    sum's type is the outer sum's (the types of the input-only operand where it is as wide)."""
+    """Input-only work a step does apart, regrouped so that it moves out, repeatedly:
+
+    - ``Mul(Neg(a), c)`` with ``c`` not depending on a carried state becomes ``Mul(a, Neg(c))``, bit for
+      bit (Keras's gelu is ``0.5 * x * erfc(-x / sqrt(2))``);
+    - ``Add(Add(u, v), c)`` where ``v`` depends on a carried state and ``u`` and ``c`` do not (a cell's
+      ``x @ W + h @ U + b``) becomes ``Add(Add(u, c), v)``: the same sum up to rounding (one float
+      addition regrouped, well within the parity tolerance).
+
+    The node replaced (the Neg, the inner sum) is read by the outer one alone and is no body output; its
+    replacement takes the outer node's place in the step (``c`` may be made after ``a`` or ``u``), typed
+    as the outer node's output (as the input-only operand where that is as wide)."""
     body = list(body)
     changed = True
     while changed:
@@ -294,6 +299,18 @@ def regroup_sums(body: list, step_inputs: set, keep: Callable[[str], bool], type
             for name in reads(node):
                 readers[name] = readers.get(name, 0) + 1
         for index, outer in enumerate(body):
+            negated = _negated_factor(outer, made_by, readers, varying, keep)
+            if negated is not None:  # Mul(Neg(a), c) -> Mul(a, Neg(c)): the same bits, Neg(c) moves out
+                neg, factor = negated
+                flipped = helper.make_node("Neg", [factor], [fresh(factor)], name=fresh(neg.name or "Neg"))
+                product = helper.make_node("Mul", [neg.input[0], flipped.output[0]], list(outer.output),
+                                           name=outer.name)
+                typed = types.types.get(factor)
+                if typed is not None:
+                    types.types[flipped.output[0]] = typed
+                body = [n for n in body[:index] if n is not neg] + [flipped, product] + body[index + 1:]
+                changed = True
+                break
             if outer.op_type != "Add" or len(outer.input) != 2:
                 continue
             for inner_at, addend_at in ((0, 1), (1, 0)):
@@ -318,3 +335,16 @@ def regroup_sums(body: list, step_inputs: set, keep: Callable[[str], bool], type
             if changed:
                 break
     return body
+
+
+def _negated_factor(node: onnx.NodeProto, made_by: dict, readers: dict, varying: set, keep) -> Optional[tuple]:
+    """(the Neg, the other factor) when ``node`` is ``Mul(Neg(a), c)``, its Neg read by it alone and no body
+    output, ``a`` depending on a carried state and ``c`` not; else None."""
+    if node.op_type != "Mul" or len(node.input) != 2:
+        return None
+    for at in (0, 1):
+        neg, factor = made_by.get(node.input[at]), node.input[1 - at]
+        if neg is not None and neg.op_type == "Neg" and neg.input[0] in varying and factor not in varying \
+                and readers.get(neg.output[0]) == 1 and not keep(neg.output[0]):
+            return neg, factor
+    return None
