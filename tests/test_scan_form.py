@@ -358,6 +358,36 @@ def test_a_tf1_dynamic_rnn_over_a_cell_no_node_names_has_no_loop(form):
             assert float(np.max(np.abs(g - w) / np.maximum(np.abs(w), 1.0))) <= RELATIVE
 
 
+@pytest.mark.parametrize("form", ["v1", "v2"])
+def test_a_tf1_dynamic_rnn_with_lengths_over_a_cell_no_node_names(form):
+    """The same with ``sequence_length``, TensorFlow's own masking: TF 1.x control flow is tf2onnx's own
+    Scan, and the row says so (a Scan, not a Loop); the functional form's loop runs to the longest
+    row only (its condition ends it early), so it stays tf2onnx's Loop, and the row says why. Both
+    equal to the TensorFlow session on rows of mixed lengths, an empty one among them."""
+    import tf1_graphs
+    from tf2onnx_rnn import convert_graph_def, report_of
+
+    case = tf1_graphs.Case("dynamic", "lstm_projection", True, form)
+    built = tf1_graphs.built(case)
+    proto = convert_graph_def(built.path, inputs=built.inputs, outputs=built.outputs)
+    ops, report = helpers.op_counts(proto), report_of(proto)
+    (row,) = report.outcomes
+    if form == "v1":
+        assert ops["Scan"] == 1 and not ops["Loop"], report.table()
+        assert row.became == "Scan" and row.own_step and "tf2onnx's own Scan" in row.form, report.table()
+        assert row.node == helpers.nodes_of_types(proto, ["Scan"])[0].name
+    else:
+        assert ops["Loop"] == 1 and not ops["Scan"], report.table()
+        assert row.became == "Loop" and "early exit" in row.reason, report.table()
+    session = helpers.ort_session(proto)
+    for batch, time in ((3, 5), (1, 7)):
+        feeds = tf1_graphs.feeds_for(case, [time, 0, time - 2][:batch], time)
+        want = built.run(feeds)
+        got = session.run(None, dict(zip([i.name for i in session.get_inputs()], feeds)))
+        for g, w in zip(got, want):
+            assert float(np.max(np.abs(g - w) / np.maximum(np.abs(w), 1.0))) <= RELATIVE
+
+
 def test_a_tflite_while_loop_the_readers_decline_becomes_a_scan(tmp_path):
     """A Keras 3 LSTM(activation="selu") exported to TFLite is a WHILE loop no matcher claims: a Scan,
     no Loop, equal to Keras (the TFLite interpreter's source)."""
