@@ -23,12 +23,13 @@ def fold_transposed_gathers(model_proto: onnx.ModelProto) -> int:
         for name in node.input:
             readers[name] = readers.get(name, 0) + 1
     graph_outputs = {value.name for value in graph.output}
+    attributes = {id(node): {a.name: helper.get_attribute_value(a) for a in node.attribute} for node in graph.node}
     folded = {}  # id(transpose) -> the gather it becomes
     for node in graph.node:
-        if node.op_type != "Transpose" or _attr(node, "perm") != [1, 0, 2]:
+        if node.op_type != "Transpose" or attributes[id(node)].get("perm") != [1, 0, 2]:
             continue
         gather = producer.get(node.input[0])
-        if gather is None or gather.op_type != "Gather" or _attr(gather, "axis", 0) != 0 \
+        if gather is None or gather.op_type != "Gather" or attributes[id(gather)].get("axis", 0) != 0 \
                 or readers.get(gather.output[0]) != 1 or gather.output[0] in graph_outputs:
             continue
         data = producer.get(gather.input[0])
@@ -55,9 +56,3 @@ def fold_transposed_gathers(model_proto: onnx.ModelProto) -> int:
     graph.node.extend(nodes)
     return len(folded)
 
-
-def _attr(node, name: str, default=None):
-    for attribute in node.attribute:
-        if attribute.name == name:
-            return helper.get_attribute_value(attribute)
-    return default
