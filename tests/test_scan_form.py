@@ -358,6 +358,33 @@ def test_a_tf1_dynamic_rnn_over_a_cell_no_node_names_has_no_loop(form):
             assert float(np.max(np.abs(g - w) / np.maximum(np.abs(w), 1.0))) <= RELATIVE
 
 
+def test_a_tf1_functional_dynamic_rnn_scan_loads_in_openvino_and_tract(tmp_path):
+    """The Scan of a functional TF 1.x ``dynamic_rnn`` over ``LSTMCell(num_proj)`` runs in OpenVINO (f32)
+    and tract, equal to the TensorFlow session. (TF 1.x control flow's loop stays tf2onnx's own Scan,
+    which tract does not analyse: docs/downstream.md.)"""
+    openvino = pytest.importorskip("openvino")
+    tract = pytest.importorskip("tract")
+    import tf1_graphs
+    from tf2onnx_rnn import convert_graph_def
+
+    case = tf1_graphs.Case("dynamic", "lstm_projection", False, "v2")
+    built = tf1_graphs.built(case)
+    proto = convert_graph_def(built.path, inputs=built.inputs, outputs=built.outputs)
+    assert helpers.op_counts(proto)["Scan"] == 1 and not helpers.op_counts(proto)["Loop"]
+    path = str(tmp_path / "model.onnx")
+    onnx.save(proto, path)
+    feeds = tf1_graphs.feeds_for(case, None, 5)
+    want = built.run(feeds)[0]
+    core = openvino.Core()
+    compiled = core.compile_model(core.read_model(path), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    got_openvino = np.asarray(compiled(feeds)[compiled.outputs[0]])
+    model = tract.onnx().load(path)
+    model.set_input_fact(0, ",".join(map(str, feeds[0].shape)) + ",f32")
+    got_tract = model.into_model().into_runnable().run(feeds)[0].to_numpy()
+    for runtime, got in (("OpenVINO", got_openvino), ("tract", got_tract)):
+        assert float(np.max(np.abs(got - want))) <= 1e-4, f"{runtime}: {np.max(np.abs(got - want)):.3g}"
+
+
 @pytest.mark.parametrize("form", ["v1", "v2"])
 def test_a_tf1_dynamic_rnn_with_lengths_over_a_cell_no_node_names(form):
     """The same with ``sequence_length``, TensorFlow's own masking: TF 1.x control flow is tf2onnx's own
