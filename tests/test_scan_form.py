@@ -360,8 +360,7 @@ def test_a_tf1_dynamic_rnn_over_a_cell_no_node_names_has_no_loop(form):
 
 def test_a_tf1_functional_dynamic_rnn_scan_loads_in_openvino_and_tract(tmp_path):
     """The Scan of a functional TF 1.x ``dynamic_rnn`` over ``LSTMCell(num_proj)`` runs in OpenVINO (f32)
-    and tract, equal to the TensorFlow session. (TF 1.x control flow's loop stays tf2onnx's own Scan,
-    which tract does not analyse: docs/downstream.md.)"""
+    and tract, equal to the TensorFlow session."""
     openvino = pytest.importorskip("openvino")
     tract = pytest.importorskip("tract")
     import tf1_graphs
@@ -383,6 +382,28 @@ def test_a_tf1_functional_dynamic_rnn_scan_loads_in_openvino_and_tract(tmp_path)
     got_tract = model.into_model().into_runnable().run(feeds)[0].to_numpy()
     for runtime, got in (("OpenVINO", got_openvino), ("tract", got_tract)):
         assert float(np.max(np.abs(got - want))) <= 1e-4, f"{runtime}: {np.max(np.abs(got - want)):.3g}"
+
+
+@pytest.mark.parametrize("lengths", [False, True], ids=["no-lengths", "sequence_length"])
+def test_tf2onnx_own_scan_of_a_tf1_loop_declares_no_dimension_names(lengths):
+    """tf2onnx's own Scan of a TF 1.x control-flow loop, its step's symbolic dimension names cleared
+    (tract unifies a step's names with those outside and refuses the Scan where they meet fixed
+    sizes); still equal to the TensorFlow session in onnxruntime."""
+    import tf1_graphs
+    from tf2onnx_rnn import convert_graph_def
+
+    case = tf1_graphs.Case("dynamic", "lstm_projection", lengths, "v1")
+    built = tf1_graphs.built(case)
+    proto = convert_graph_def(built.path, inputs=built.inputs, outputs=built.outputs)
+    (scan,) = helpers.nodes_of_types(proto, ["Scan"])
+    body = helpers.attribute(scan, "body")
+    named = [v.name for v in list(body.input) + list(body.output) + list(body.value_info)
+             if any(d.HasField("dim_param") for d in v.type.tensor_type.shape.dim)]
+    assert not named, named
+    feeds = tf1_graphs.feeds_for(case, [5, 0, 3] if lengths else None, 5)
+    session = helpers.ort_session(proto)
+    for got, want in zip(session.run(None, dict(zip([i.name for i in session.get_inputs()], feeds))), built.run(feeds)):
+        assert float(np.max(np.abs(got - want) / np.maximum(np.abs(want), 1.0))) <= RELATIVE
 
 
 @pytest.mark.parametrize("form", ["v1", "v2"])

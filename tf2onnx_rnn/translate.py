@@ -57,6 +57,7 @@ def to_onnx(frozen: Frozen, options: Options) -> tuple:
         drop_state_defaults(model_proto, findings)
     _check_nchw(_io_ranks(model_proto), nchw)
     _scan_form(model_proto, findings)
+    _unnamed_step_dims(model_proto)
     _fold_transposed_gathers(model_proto)
     return model_proto, nchw, findings
 
@@ -80,6 +81,18 @@ def _scan_form(model_proto: onnx.ModelProto, findings: Findings) -> None:
         scan_loops(model_proto, findings)
     except Exception as error:  # noqa: BLE001 - the Loops stay, exact; their rows say they are Loops
         logger.warning("recurrent loops stay Loops: internal error while writing the Scan form: %s: %s",
+                       type(error).__name__, error, exc_info=True)
+
+
+def _unnamed_step_dims(model_proto: onnx.ModelProto) -> None:
+    """No symbolic dimension names declared in a Scan's step (``rewriters.scan.unnamed_step_dims``: tract
+    refuses tf2onnx's own Scans otherwise); a failure leaves the names, which onnxruntime and OpenVINO take."""
+    try:
+        from .rewriters.scan import unnamed_step_dims
+
+        unnamed_step_dims(model_proto)
+    except Exception as error:  # noqa: BLE001 - the model stays as written, exact
+        logger.warning("a Scan's step keeps its dimension names: internal error while clearing them: %s: %s",
                        type(error).__name__, error, exc_info=True)
 
 

@@ -76,6 +76,27 @@ def scan_loops(model: onnx.ModelProto, findings: Findings) -> list:
     return written
 
 
+def unnamed_step_dims(model: onnx.ModelProto) -> int:
+    """Clear the symbolic dimension names a Scan's step declares (tf2onnx's own Scans of TF 1.x loops
+    carry its ``unk__`` names): tract unifies a name in a step with the one outside and refuses the
+    Scan when they meet fixed sizes. The Scans this package writes declare none. Returns how many
+    names were cleared."""
+    cleared = 0
+    for node in model.graph.node:
+        if node.op_type != "Scan":
+            continue
+        for attribute in node.attribute:
+            if attribute.type != onnx.AttributeProto.GRAPH:
+                continue
+            body = attribute.g
+            for value in list(body.input) + list(body.output) + list(body.value_info):
+                for dim in value.type.tensor_type.shape.dim:
+                    if dim.HasField("dim_param"):
+                        dim.ClearField("dim_param")
+                        cleared += 1
+    return cleared
+
+
 def _tidy(graph: onnx.GraphProto, scope: Scope, types: TypeTable, loop_map) -> None:
     """What the Loop needed and the Scan does not: its outputs' padding, its counter's constants. The
     Scan is written and exact either way: a fault here only leaves them."""
@@ -161,4 +182,4 @@ def _remove_unused(scope: Scope, candidates: set) -> None:
         scope.graph.node.extend(kept)
 
 
-__all__ = ["Written", "scan_loops"]
+__all__ = ["Written", "scan_loops", "unnamed_step_dims"]
