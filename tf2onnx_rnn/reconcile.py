@@ -115,9 +115,8 @@ def reconcile(findings: Findings, loops: list, model_proto: onnx.ModelProto,
     nodes = list(graph_nodes(model_proto.graph))
     names = {n.name for n in nodes}
     still_loops = {_loop_name(n) for n in nodes if n.op_type in ("Loop", "Scan")}
-    # a TF 1.x loop tf2onnx itself wrote as a Scan (its dynamic_rnn frames): a Scan, not a Loop, in the graph
-    tf2onnx_scans = {_loop_name(n): n.name for n in nodes if n.op_type == "Scan"}
-    scans = {n.name for n in nodes if n.op_type == "Scan"}
+    scan_of = {_loop_name(n): n.name for n in nodes if n.op_type == "Scan"}  # loop -> its Scan node
+    scans = set(scan_of.values())
     rows = {o.loop: o for o in recorded}
     claimed = {o.node for o in recorded if o.fused and o.node in names}
     unclaimed_native = [n for n in nodes if n.op_type in _RECURRENT_OPS and n.name not in claimed]
@@ -129,8 +128,9 @@ def reconcile(findings: Findings, loops: list, model_proto: onnx.ModelProto,
         if kind == "unknown":  # the layer's name may tell (a TF 1.x loop's is its cell's scope)
             kind = _hint(layer)
         if loop.name in still_loops:
-            if row is not None and row.became == LOOP and loop.name in tf2onnx_scans:
-                return replace(row, became=SCAN, own_step=True, node=tf2onnx_scans[loop.name],
+            if row is not None and row.became == LOOP and loop.name in scan_of:
+                # a TF 1.x loop tf2onnx itself wrote as a Scan (its dynamic_rnn frames): a Scan, not a Loop
+                return replace(row, became=SCAN, own_step=True, node=scan_of[loop.name],
                                form="tf2onnx's own Scan of the TF 1.x loop (its step as tf2onnx wrote it)")
             if row is not None and (row.became == LOOP or (row.own_step and row.node in scans)):
                 return row

@@ -57,8 +57,7 @@ def to_onnx(frozen: Frozen, options: Options) -> tuple:
         drop_state_defaults(model_proto, findings)
     _check_nchw(_io_ranks(model_proto), nchw)
     _scan_form(model_proto, findings)
-    _unnamed_step_dims(model_proto)
-    _fold_transposed_gathers(model_proto)
+    _written_model_passes(model_proto)
     return model_proto, nchw, findings
 
 
@@ -84,34 +83,25 @@ def _scan_form(model_proto: onnx.ModelProto, findings: Findings) -> None:
                        type(error).__name__, error, exc_info=True)
 
 
-def _unnamed_step_dims(model_proto: onnx.ModelProto) -> None:
-    """No symbolic dimension names declared in a Scan's step (``rewriters.scan.unnamed_step_dims``: tract
-    refuses tf2onnx's own Scans otherwise); a failure leaves the names, which onnxruntime and OpenVINO take."""
-    try:
-        from .rewriters.scan import unnamed_step_dims
-
-        unnamed_step_dims(model_proto)
-    except Exception as error:  # noqa: BLE001 - the model stays as written, exact
-        logger.warning("a Scan's step keeps its dimension names: internal error while clearing them: %s: %s",
-                       type(error).__name__, error, exc_info=True)
-
-
-def _fold_transposed_gathers(model_proto: onnx.ModelProto) -> None:
-    """A masked layer's outputs gathered straight into batch-major order (``rewriters.emit.transposed_gathers``);
-    a failure leaves the model as written (it is exact either way)."""
+def _written_model_passes(model_proto: onnx.ModelProto) -> None:
+    """Passes over the written model that leave it exact whether they run or not, each on its own: the
+    steps of Scans declare no symbolic dimension names (``rewriters.scan.unnamed_step_dims``: tract
+    refuses tf2onnx's own Scans otherwise), and a masked layer's outputs are gathered straight into
+    batch-major order (``rewriters.emit.transposed_gathers``, which changes the graph only once it has
+    built the whole rewrite). A failure leaves what that pass would have changed, and says so."""
     try:
         from .rewriters.emit.transposed_gathers import fold_transposed_gathers
-
-        backup = onnx.GraphProto()
-        backup.CopyFrom(model_proto.graph)
-        try:
-            fold_transposed_gathers(model_proto)
-        except Exception:
-            model_proto.graph.CopyFrom(backup)
-            raise
+        from .rewriters.scan import unnamed_step_dims
     except Exception as error:  # noqa: BLE001 - the model stays as written, exact
-        logger.warning("the outputs' transposes stay: internal error while folding them into gathers: %s: %s",
+        logger.warning("the written model stays as tf2onnx wrote it: internal error importing its passes: %s: %s",
                        type(error).__name__, error, exc_info=True)
+        return
+    for run, stays in ((unnamed_step_dims, "a Scan's step keeps its dimension names"),
+                       (fold_transposed_gathers, "the outputs' transposes stay")):
+        try:
+            run(model_proto)
+        except Exception as error:  # noqa: BLE001 - the model stays exact
+            logger.warning("%s: internal error: %s: %s", stays, type(error).__name__, error, exc_info=True)
 
 
 def _check_fused_ops(frozen: Frozen, findings: Findings) -> None:

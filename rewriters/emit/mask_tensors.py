@@ -125,8 +125,7 @@ class MaskTensors:
     @_built_once
     def steps(self) -> str:
         """[T, 1]: 0 .. T-1."""
-        time = self.time
-        return self.builder.make_unsqueeze({"data": self.op("Range", [self.const(0), time, self.const(1)]),
+        return self.builder.make_unsqueeze({"data": self.op("Range", [self.const(0), self.time, self.const(1)]),
                                             "axes": [1]})
 
     @_built_once

@@ -15,7 +15,7 @@ from onnx import helper
 def fold_transposed_gathers(model_proto: onnx.ModelProto) -> int:
     """Rewrite every ``Transpose(perm=[1, 0, 2])`` of the main graph whose input is read by it alone
     and is an axis-0 ``Gather`` from a ``Flatten`` (2-D data, so a 2-D index) into that gather with
-    its index transposed. Returns how many."""
+    its index transposed. Returns how many. The graph changes only once the whole rewrite is built."""
     graph = model_proto.graph
     producer = {output: node for node in graph.node for output in node.output}
     readers: dict = {}

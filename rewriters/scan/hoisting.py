@@ -239,7 +239,7 @@ def hoist(body: list, rows: dict, row_ranks: dict, step_inputs: set, scope: Scop
     (its carried states); ``keep(name)``: whether a body tensor is a body output.
     """
     hoisted = Hoisted()
-    body = regroup_sums(body, step_inputs, keep, types)
+    body = regroup_input_only_work(body, step_inputs, keep, types)
     seq = dict(rows)  # per-step tensor -> its sequence outside
     lifter = _Lifter(scope, types, opset, hoisted, seq)
     lifter.rank.update(row_ranks)
@@ -273,7 +273,7 @@ def hoist(body: list, rows: dict, row_ranks: dict, step_inputs: set, scope: Scop
     return hoisted
 
 
-def regroup_sums(body: list, step_inputs: set, keep: Callable[[str], bool], types: TypeTable) -> list:
+def regroup_input_only_work(body: list, step_inputs: set, keep: Callable[[str], bool], types: TypeTable) -> list:
     """Input-only work a step does apart, regrouped so that it moves out, repeatedly:
 
     - ``Mul(Neg(a), c)`` with ``c`` not depending on a carried state becomes ``Mul(a, Neg(c))``, bit for
@@ -283,12 +283,9 @@ def regroup_sums(body: list, step_inputs: set, keep: Callable[[str], bool], type
       addition regrouped, well within the parity tolerance).
 
     The node replaced (the Neg, the inner sum) is read by the outer one alone and is no body output; its
-    replacement takes the outer node's place in the step (``c`` may be made after ``a`` or ``u``), typed
-    as the outer node's output (as the input-only operand where that is as wide)."""
+    replacement takes the outer node's place in the step (``c`` may be made after ``a`` or ``u``)."""
     body = list(body)
-    changed = True
-    while changed:
-        changed = False
+    while True:
         varying = set(step_inputs)
         for node in body:
             if subgraphs(node) or node.op_type == "Shape" or reads(node) & varying:
@@ -298,53 +295,58 @@ def regroup_sums(body: list, step_inputs: set, keep: Callable[[str], bool], type
         for node in body:
             for name in reads(node):
                 readers[name] = readers.get(name, 0) + 1
+
+        def read_once(name: str) -> bool:  # by the outer node alone, and no body output
+            return readers.get(name) == 1 and not keep(name)
+
         for index, outer in enumerate(body):
-            negated = _negated_factor(outer, made_by, readers, varying, keep)
-            if negated is not None:  # Mul(Neg(a), c) -> Mul(a, Neg(c)): the same bits, Neg(c) moves out
-                neg, factor = negated
-                flipped = helper.make_node("Neg", [factor], [fresh(factor)], name=fresh(neg.name or "Neg"))
-                product = helper.make_node("Mul", [neg.input[0], flipped.output[0]], list(outer.output),
-                                           name=outer.name)
-                typed = types.types.get(factor)
-                if typed is not None:
-                    types.types[flipped.output[0]] = typed
-                body = [n for n in body[:index] if n is not neg] + [flipped, product] + body[index + 1:]
-                changed = True
+            found = (_negated_factor(outer, made_by, varying, read_once, types)
+                     or _split_sum(outer, made_by, varying, read_once, types))
+            if found is not None:
+                replaced, made = found
+                body = [n for n in body[:index] if n is not replaced] + made + body[index + 1:]
                 break
-            if outer.op_type != "Add" or len(outer.input) != 2:
-                continue
-            for inner_at, addend_at in ((0, 1), (1, 0)):
-                inner, addend = made_by.get(outer.input[inner_at]), outer.input[addend_at]
-                if inner is None or inner.op_type != "Add" or len(inner.input) != 2 or addend in varying \
-                        or readers.get(inner.output[0]) != 1 or keep(inner.output[0]):
-                    continue
-                if (inner.input[0] in varying) == (inner.input[1] in varying):
-                    continue
-                fixed, moving = (inner.input[1], inner.input[0]) if inner.input[0] in varying else inner.input
-                regrouped = helper.make_node("Add", [fixed, addend], [fresh(inner.output[0])],
-                                             name=fresh(inner.name or "Add"))
-                wide = types.shape(fixed) is not None and types.shape(fixed) == types.shape(outer.output[0])
-                typed = types.types.get(fixed if wide else outer.output[0])
-                if typed is not None:
-                    types.types[regrouped.output[0]] = typed
-                summed = helper.make_node("Add", [regrouped.output[0], moving], list(outer.output),
-                                          name=outer.name)
-                body = [n for n in body[:index] if n is not inner] + [regrouped, summed] + body[index + 1:]
-                changed = True
-                break
-            if changed:
-                break
-    return body
+        else:
+            return body
 
 
-def _negated_factor(node: onnx.NodeProto, made_by: dict, readers: dict, varying: set, keep) -> Optional[tuple]:
-    """(the Neg, the other factor) when ``node`` is ``Mul(Neg(a), c)``, its Neg read by it alone and no body
-    output, ``a`` depending on a carried state and ``c`` not; else None."""
+def _negated_factor(node: onnx.NodeProto, made_by: dict, varying: set, read_once, types: TypeTable):
+    """``Mul(Neg(a), c)``, ``a`` depending on a carried state and ``c`` not: (the Neg, ``Neg(c)`` and the
+    product that replace it and ``node``); else None."""
     if node.op_type != "Mul" or len(node.input) != 2:
         return None
     for at in (0, 1):
         neg, factor = made_by.get(node.input[at]), node.input[1 - at]
         if neg is not None and neg.op_type == "Neg" and neg.input[0] in varying and factor not in varying \
-                and readers.get(neg.output[0]) == 1 and not keep(neg.output[0]):
-            return neg, factor
+                and read_once(neg.output[0]):
+            flipped = helper.make_node("Neg", [factor], [fresh(factor)], name=fresh(neg.name or "Neg"))
+            _typed_as(types, flipped.output[0], factor)
+            return neg, [flipped, helper.make_node("Mul", [neg.input[0], flipped.output[0]], list(node.output),
+                                                   name=node.name)]
     return None
+
+
+def _split_sum(node: onnx.NodeProto, made_by: dict, varying: set, read_once, types: TypeTable):
+    """``Add(Add(u, v), c)``, ``v`` depending on a carried state and ``u`` and ``c`` not: (the inner sum,
+    ``Add(u, c)`` and the sum with ``v`` that replace it and ``node``); else None. ``u + c`` is typed as
+    ``u`` where that is as wide as the whole sum, else as the sum."""
+    if node.op_type != "Add" or len(node.input) != 2:
+        return None
+    for at in (0, 1):
+        inner, addend = made_by.get(node.input[at]), node.input[1 - at]
+        if inner is None or inner.op_type != "Add" or len(inner.input) != 2 or addend in varying \
+                or not read_once(inner.output[0]) or (inner.input[0] in varying) == (inner.input[1] in varying):
+            continue
+        fixed, moving = (inner.input[1], inner.input[0]) if inner.input[0] in varying else inner.input
+        regrouped = helper.make_node("Add", [fixed, addend], [fresh(inner.output[0])], name=fresh(inner.name or "Add"))
+        wide = types.shape(fixed) is not None and types.shape(fixed) == types.shape(node.output[0])
+        _typed_as(types, regrouped.output[0], fixed if wide else node.output[0])
+        return inner, [regrouped, helper.make_node("Add", [regrouped.output[0], moving], list(node.output),
+                                                   name=node.name)]
+    return None
+
+
+def _typed_as(types: TypeTable, name: str, like: str) -> None:
+    """Record ``name``'s type as ``like``'s, where that is known (a Scan's inputs must be typed)."""
+    if like in types.types:
+        types.types[name] = types.types[like]
