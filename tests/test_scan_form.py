@@ -116,9 +116,8 @@ def test_every_loop_is_a_lean_scan_with_its_reason(flavor, case):
         split = _input_only_terms_split(scan, body)
         assert not split, f"a step does input-only work apart (x @ W + h @ U + b, -a * c): {split}"
         matmuls.append(body_ops.count("MatMul"))
-    # the input's projection runs once over the sequence (in a stack, tf_keras's upper layer may keep it
-    # in its step where the rank of its input is not declared: exact, not as lean)
-    assert (min(matmuls) if case[1] == "stacked" else max(matmuls)) == case[0].loop_matmuls, matmuls
+    # the input's projection runs once over the sequence, in every layer of a stack too
+    assert set(matmuls) == {case[0].loop_matmuls}, matmuls
     report = entry.get() and parity_report(entry.proto)
     rows = report.scans
     assert len(rows) == _expected_loops(case) and not report.loops, report.table()
@@ -358,30 +357,76 @@ def test_a_tf1_dynamic_rnn_over_a_cell_no_node_names_has_no_loop(form):
             assert float(np.max(np.abs(g - w) / np.maximum(np.abs(w), 1.0))) <= RELATIVE
 
 
-def test_a_tf1_functional_dynamic_rnn_scan_loads_in_openvino_and_tract(tmp_path):
-    """The Scan of a functional TF 1.x ``dynamic_rnn`` over ``LSTMCell(num_proj)`` runs in OpenVINO (f32)
-    and tract, equal to the TensorFlow session."""
+@pytest.mark.parametrize("form", ["v1", "v2"])
+@pytest.mark.parametrize("lengths", [False, True], ids=["no-lengths", "sequence_length"])
+def test_a_tf1_dynamic_rnn_scan_loads_in_openvino_and_tract(tmp_path, form, lengths):
+    """The Scan of a TF 1.x ``dynamic_rnn`` over ``LSTMCell(num_proj)``, in both control-flow forms, with
+    and without ``sequence_length``, runs in OpenVINO (f32) and tract, equal to the TensorFlow session
+    (rows of mixed lengths, an empty one among them, and a batch unlike the time length)."""
     openvino = pytest.importorskip("openvino")
     tract = pytest.importorskip("tract")
     import tf1_graphs
     from tf2onnx_rnn import convert_graph_def
 
-    case = tf1_graphs.Case("dynamic", "lstm_projection", False, "v2")
+    case = tf1_graphs.Case("dynamic", "lstm_projection", lengths, form)
     built = tf1_graphs.built(case)
     proto = convert_graph_def(built.path, inputs=built.inputs, outputs=built.outputs)
     assert helpers.op_counts(proto)["Scan"] == 1 and not helpers.op_counts(proto)["Loop"]
     path = str(tmp_path / "model.onnx")
     onnx.save(proto, path)
-    feeds = tf1_graphs.feeds_for(case, None, 5)
-    want = built.run(feeds)[0]
+    feeds = tf1_graphs.feeds_for(case, [5, 0, 2] if lengths else None, 5)
+    want = built.run(feeds)
     core = openvino.Core()
     compiled = core.compile_model(core.read_model(path), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
-    got_openvino = np.asarray(compiled(feeds)[compiled.outputs[0]])
+    result = compiled(feeds)
+    got_openvino = [np.asarray(result[out]) for out in compiled.outputs]
     model = tract.onnx().load(path)
-    model.set_input_fact(0, ",".join(map(str, feeds[0].shape)) + ",f32")
-    got_tract = model.into_model().into_runnable().run(feeds)[0].to_numpy()
+    for slot, value in enumerate(feeds):
+        model.set_input_fact(slot, ",".join(map(str, value.shape)) + (",f32" if value.dtype == np.float32 else ",i32"))
+    got_tract = [out.to_numpy() for out in model.into_model().into_runnable().run(feeds)]
     for runtime, got in (("OpenVINO", got_openvino), ("tract", got_tract)):
-        assert float(np.max(np.abs(got - want))) <= 1e-4, f"{runtime}: {np.max(np.abs(got - want)):.3g}"
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            assert float(np.max(np.abs(g - w))) <= 1e-4, f"{runtime}: {np.max(np.abs(g - w)):.3g}"
+
+
+@pytest.mark.parametrize("form", ["v1", "v2"])
+@pytest.mark.parametrize("cell", ["lstm_projection", "lstm_peepholes"])
+def test_a_tf1_bidirectional_dynamic_rnn_with_lengths_in_the_portable_form(tmp_path, form, cell):
+    """TF 1.x ``bidirectional_dynamic_rnn`` with ``sequence_length`` over a cell no ONNX node computes
+    (``num_proj``) or one OpenVINO computes otherwise (peepholes), in the portable form: two Scans, no
+    Loop, and the input's reversal by the lengths an element gather (tract has no ReverseSequence).
+    Equal to the TensorFlow session in onnxruntime, OpenVINO (f32) and tract, on rows of mixed lengths,
+    an empty one among them."""
+    openvino = pytest.importorskip("openvino")
+    tract = pytest.importorskip("tract")
+    import tf1_graphs
+    from tf2onnx_rnn import convert_graph_def, report_of
+
+    case = tf1_graphs.Case("bidirectional", cell, True, form)
+    built = tf1_graphs.built(case)
+    proto = convert_graph_def(built.path, inputs=built.inputs, outputs=built.outputs, target="portable")
+    ops = helpers.op_counts(proto)
+    assert ops["Scan"] == 2 and not ops["Loop"] and not ops["LSTM"], report_of(proto).table()
+    assert not ops["ReverseSequence"] and ops["GatherElements"] == 2, ops
+    path = str(tmp_path / "model.onnx")
+    onnx.save(proto, path)
+    feeds = tf1_graphs.feeds_for(case, [5, 0, 2], 5)
+    want = built.run(feeds)
+    session = helpers.ort_session(proto)
+    got_ort = session.run(None, dict(zip([i.name for i in session.get_inputs()], feeds)))
+    core = openvino.Core()
+    compiled = core.compile_model(core.read_model(path), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    result = compiled(feeds)
+    got_openvino = [np.asarray(result[out]) for out in compiled.outputs]
+    model = tract.onnx().load(path)
+    for slot, value in enumerate(feeds):
+        model.set_input_fact(slot, ",".join(map(str, value.shape)) + (",f32" if value.dtype == np.float32 else ",i32"))
+    got_tract = [out.to_numpy() for out in model.into_model().into_runnable().run(feeds)]
+    for runtime, got in (("onnxruntime", got_ort), ("OpenVINO", got_openvino), ("tract", got_tract)):
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            assert float(np.max(np.abs(g - w))) <= 1e-4, f"{runtime}: {np.max(np.abs(g - w)):.3g}"
 
 
 @pytest.mark.parametrize("lengths", [False, True], ids=["no-lengths", "sequence_length"])
@@ -408,10 +453,12 @@ def test_tf2onnx_own_scan_of_a_tf1_loop_declares_no_dimension_names(lengths):
 
 @pytest.mark.parametrize("form", ["v1", "v2"])
 def test_a_tf1_dynamic_rnn_with_lengths_over_a_cell_no_node_names(form):
-    """The same with ``sequence_length``, TensorFlow's own masking: TF 1.x control flow is tf2onnx's own
-    Scan, and the row says so (a Scan, not a Loop); the functional form's loop runs to the longest
-    row only (its condition ends it early), so it stays tf2onnx's Loop, and the row says why. Both
-    equal to the TensorFlow session on rows of mixed lengths, an empty one among them."""
+    """The same with ``sequence_length``, TensorFlow's own masking, in both control-flow forms: a Scan of
+    the loop's own step, no Loop, its input projection run once over the sequence (TF 1.x's ``[x, h] @
+    W`` split into ``x @ W_x``, outside, and ``h @ W_h``). The functional loop ends at the longest row;
+    past each row's length its steps keep the states and stack zeros, so the Scan runs every step and
+    its row says so. Equal to the TensorFlow session on rows of mixed lengths, an empty one among them,
+    and on rows all shorter than the input."""
     import tf1_graphs
     from tf2onnx_rnn import convert_graph_def, report_of
 
@@ -420,19 +467,22 @@ def test_a_tf1_dynamic_rnn_with_lengths_over_a_cell_no_node_names(form):
     proto = convert_graph_def(built.path, inputs=built.inputs, outputs=built.outputs)
     ops, report = helpers.op_counts(proto), report_of(proto)
     (row,) = report.outcomes
-    if form == "v1":
-        assert ops["Scan"] == 1 and not ops["Loop"], report.table()
-        assert row.became == "Scan" and row.own_step and "tf2onnx's own Scan" in row.form, report.table()
-        assert row.node == helpers.nodes_of_types(proto, ["Scan"])[0].name
-    else:
-        assert ops["Loop"] == 1 and not ops["Scan"], report.table()
-        assert row.became == "Loop" and "early exit" in row.reason, report.table()
+    assert ops["Scan"] == 1 and not ops["Loop"], report.table()
+    (scan,) = helpers.nodes_of_types(proto, ["Scan"])
+    assert row.became == "Scan" and row.own_step and row.node == scan.name, report.table()
+    assert "a Scan of the loop's own step" in row.form and "num_proj" in row.reason, report.table()
+    if form == "v2":
+        assert "longest row of seq_len" in row.form, report.table()
+    step = [n.op_type for n in helpers.attribute(scan, "body").node]
+    assert step.count("MatMul") == 2 and "Concat" not in step, step  # h @ W_h and the projection
+    assert not {"ReduceMax", "Min", "Less", "And"} & {n.op_type for n in proto.graph.node}  # the Loop's test
     session = helpers.ort_session(proto)
-    for batch, time in ((3, 5), (1, 7)):
-        feeds = tf1_graphs.feeds_for(case, [time, 0, time - 2][:batch], time)
+    for rows, time in (([5, 0, 3], 5), ([7], 7), ([2, 3], 6), ([0], 4)):
+        feeds = tf1_graphs.feeds_for(case, rows, time)
         want = built.run(feeds)
         got = session.run(None, dict(zip([i.name for i in session.get_inputs()], feeds)))
         for g, w in zip(got, want):
+            assert g.shape == w.shape
             assert float(np.max(np.abs(g - w) / np.maximum(np.abs(w), 1.0))) <= RELATIVE
 
 

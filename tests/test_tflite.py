@@ -320,3 +320,41 @@ def test_the_command_line_converts_and_verifies_a_tflite_file(tmp_path):
     assert "tfl.unidirectional_sequence_lstm" in result.stdout  # the file's names for the layers
     assert "Traceback" not in result.stderr and "deprecated" not in result.stderr, result.stderr
     assert helpers.nodes_of_types(onnx.load(str(output)), ["LSTM"])
+
+
+@pytest.mark.parametrize("lengths", [False, True], ids=["no-lengths", "sequence_length"])
+def test_a_tf1_dynamic_rnn_over_a_custom_cell_becomes_a_scan(lengths):
+    """TF 1.x ``dynamic_rnn`` over ``LSTMCell(num_proj)`` (no ONNX node computes it), converted to TFLite
+    from a session at a fixed signature: its WHILE loop becomes a Scan of its own step, no Loop, the
+    input's share of ``[x, h] @ W`` run once over the sequence. With ``sequence_length`` the loop ends at
+    the longest row, and tf2onnx's Loop returned that many rows where the interpreter returns the
+    input's length (the conversion was refused); the Scan runs every step: equal to the interpreter on
+    rows of mixed lengths, an empty one among them, and on rows all shorter than the input."""
+    import tf1_graphs
+    from tf2onnx_rnn import convert_tflite, report_of
+
+    case = tf1_graphs.Case("dynamic", "lstm_projection", lengths, "v2")
+    batch, time = 3, 6
+    path = tf1_graphs.tflite_file(case, batch, time)
+    proto = convert_tflite(path, verify=True)
+    ops = helpers.op_counts(proto)
+    assert ops["Scan"] == 1 and not ops["Loop"], report_of(proto).table()
+    (scan,) = helpers.nodes_of_types(proto, ["Scan"])
+    step = [n.op_type for n in helpers.attribute(scan, "body").node]
+    assert "Concat" not in step and "Gemm" not in step and step.count("MatMul") == 2, step
+    session = helpers.ort_session(proto)
+    names = [i.name for i in session.get_inputs()]
+    for rows in ([time, 0, 2], [2, 3, 1]) if lengths else ([time] * batch,):
+        x = np.random.default_rng(sum(rows)).standard_normal((batch, time, tf1_graphs.FEATURES)).astype(np.float32)
+        feeds = {name: (x if name.startswith("x") else np.asarray(rows, np.int32)) for name in names}
+        runner = interpreter(path)
+        runner.allocate_tensors()
+        for detail in runner.get_input_details():
+            runner.set_tensor(detail["index"], feeds[detail["name"]])
+        runner.invoke()
+        want = {d["name"]: runner.get_tensor(d["index"]) for d in runner.get_output_details()}
+        got = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
+        assert set(got) == set(want)
+        for name, value in want.items():
+            assert got[name].shape == value.shape, name
+            assert float(np.max(np.abs(got[name] - value))) <= TOLERANCE, name

@@ -234,6 +234,31 @@ class Built:
         return tensorflow_outputs(self.graph_def, self.inputs, self.outputs, feeds)
 
 
+def _build(case: Case, x_shape: list, lengths_shape: list, seed: int):
+    """``case``'s tensors in the current graph, inputs of those shapes, every variable randomized: (the
+    input placeholders, the output names, a session holding the values)."""
+    import tensorflow as tf
+
+    x = tf.compat.v1.placeholder(tf.float32, x_shape, name="x")
+    lengths = tf.compat.v1.placeholder(tf.int32, lengths_shape, name="seq_len") if case.lengths else None
+    if case.driver == "dynamic":
+        tensors = _dynamic(case.cell, x, lengths)
+    elif case.driver == "bidirectional":
+        tensors = _bidirectional(case.cell, x, lengths)
+    elif case.driver == "static":
+        tensors = _static(case.cell, x, lengths, STATIC_TIME)
+    else:
+        tensors = _fused(case.cell, x, lengths)
+    names = sorted(tensors)
+    outputs = [tf.identity(tensors[name], name=name) for name in names]
+    session = tf.compat.v1.Session()
+    session.run(tf.compat.v1.global_variables_initializer())
+    rng = np.random.default_rng(seed)
+    for variable in tf.compat.v1.global_variables():
+        session.run(variable.assign(rng.uniform(-0.8, 0.8, variable.shape.as_list()).astype(np.float32)))
+    return [x] + ([lengths] if lengths is not None else []), names, outputs, session
+
+
 @functools.lru_cache(maxsize=None)
 def built(case: Case, seed: int = 1) -> Built:
     """``case`` built, randomized, frozen and written to a file, once per process."""
@@ -244,29 +269,28 @@ def built(case: Case, seed: int = 1) -> Built:
         # a time-major graph given lengths has a fixed batch: random inputs cannot tell its batch axis
         batch = FUSED_BATCH if case.time_major and case.lengths else None
         shape = [time, batch, FEATURES] if case.time_major else [None, time, FEATURES]
-        x = tf.compat.v1.placeholder(tf.float32, shape, name="x")
-        lengths = tf.compat.v1.placeholder(tf.int32, [batch], name="seq_len") if case.lengths else None
-        if case.driver == "dynamic":
-            tensors = _dynamic(case.cell, x, lengths)
-        elif case.driver == "bidirectional":
-            tensors = _bidirectional(case.cell, x, lengths)
-        elif case.driver == "static":
-            tensors = _static(case.cell, x, lengths, STATIC_TIME)
-        else:
-            tensors = _fused(case.cell, x, lengths)
-        names = sorted(tensors)
-        for name in names:
-            tf.identity(tensors[name], name=name)
-        with tf.compat.v1.Session(graph=graph) as session:
-            session.run(tf.compat.v1.global_variables_initializer())
-            rng = np.random.default_rng(seed)
-            for variable in tf.compat.v1.global_variables():
-                session.run(variable.assign(rng.uniform(-0.8, 0.8, variable.shape.as_list()).astype(np.float32)))
+        _, names, _, session = _build(case, shape, [batch], seed)
+        with session:
             frozen = tf.compat.v1.graph_util.convert_variables_to_constants(session, graph.as_graph_def(), names)
     path = os.path.join(_DIR, case.id + ".pb")
     with open(path, "wb") as stream:
         stream.write(frozen.SerializeToString())
     return Built(case, path, frozen, ["x:0"] + (["seq_len:0"] if case.lengths else []), [n + ":0" for n in names])
+
+
+def tflite_file(case: Case, batch: int, time: int, seed: int = 1) -> str:
+    """``case`` (a batch-major driver in the functional form) at a fixed [batch, time] signature, converted
+    to TFLite as TF 1.x's converter does it from a session; the file's path."""
+    import tensorflow as tf
+
+    with graph_form(case.form):
+        inputs, _, outputs, session = _build(case, [batch, time, FEATURES], [batch], seed)
+        with session:
+            data = tf.compat.v1.lite.TFLiteConverter.from_session(session, inputs, outputs).convert()
+    path = os.path.join(_DIR, f"{case.id}-{batch}x{time}.tflite")
+    with open(path, "wb") as stream:
+        stream.write(data)
+    return path
 
 
 def tensorflow_outputs(graph_def, inputs: list, outputs: list, feeds: list) -> list:

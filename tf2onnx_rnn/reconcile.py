@@ -9,7 +9,6 @@ or failed to do, the report cannot claim what the graph does not show.
 from __future__ import annotations
 
 import logging
-from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Optional
 
@@ -18,7 +17,7 @@ import onnx
 from .probes import graph_nodes
 from .report import LOOP, REMOVED, SCAN, UNROLLED, ConversionReport, LoopOutcome
 from .rewriters.outcome import WHILE_OPS, Findings
-from .rewriters.rows import kind_hint, scope_name
+from .rewriters.rows import kind_hint, scope_name, while_loop_name
 
 logger = logging.getLogger("tf2onnx_rnn")
 
@@ -114,8 +113,8 @@ def reconcile(findings: Findings, loops: list, model_proto: onnx.ModelProto,
     recorded = [LoopOutcome.of(row) for row in findings.outcomes]
     nodes = list(graph_nodes(model_proto.graph))
     names = {n.name for n in nodes}
-    still_loops = {_loop_name(n) for n in nodes if n.op_type in ("Loop", "Scan")}
-    scan_of = {_loop_name(n): n.name for n in nodes if n.op_type == "Scan"}  # loop -> its Scan node
+    still_loops = {while_loop_name(n) for n in nodes if n.op_type in ("Loop", "Scan")}
+    scan_of = {while_loop_name(n): n.name for n in nodes if n.op_type == "Scan"}  # loop -> its Scan node
     scans = set(scan_of.values())
     rows = {o.loop: o for o in recorded}
     claimed = {o.node for o in recorded if o.fused and o.node in names}
@@ -157,20 +156,6 @@ def reconcile(findings: Findings, loops: list, model_proto: onnx.ModelProto,
                                 became=UNROLLED, reason=why))
             for name in (unreported if why else [])]
     return ConversionReport([checked(loop) for loop in loops] + others + lost)
-
-
-def _loop_name(node: onnx.NodeProto) -> str:
-    """The TensorFlow while-loop an ONNX Loop or Scan came from: tf2onnx appends ``_loop`` to a
-    functional loop's name; a TF 1.x loop's is its body's scope (``rnn/while``)."""
-    if node.name.endswith(_LOOP_SUFFIX):
-        return node.name[:-len(_LOOP_SUFFIX)]
-    scopes = Counter(inner.name.split("/while/")[0] + "/while" for attribute in node.attribute
-                     if attribute.type == onnx.AttributeProto.GRAPH for inner in attribute.g.node
-                     if "/while/" in inner.name)
-    return scopes.most_common(1)[0][0] if scopes else node.name
-
-
-_LOOP_SUFFIX = "_loop"
 
 
 def _warned(outcome: LoopOutcome) -> LoopOutcome:

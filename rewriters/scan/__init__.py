@@ -21,15 +21,13 @@ import onnx
 from ..description import NoMatch
 from ..emit.padded_lists import PADDED_NAME
 from ..outcome import LOOP, SCAN, Findings
+from ..rows import while_loop_name
 from .graph_index import Scope, TypeTable, reads, subgraphs, upstream
 from .lengths import Lengths
-from .loop_reading import read_loop
+from .loop_reading import padded_length, read_loop, read_scan
 from .rewrite import Written, write_scan
 
 logger = logging.getLogger("tf2onnx_rnn")
-
-LOOP_SUFFIX = "_loop"  # tf2onnx names a functional while-loop's Loop after it so
-
 
 def scan_loops(model: onnx.ModelProto, findings: Findings) -> list:
     """Rewrite every recurrent Loop of ``model`` that stays a Loop in ``findings`` as a Scan where it is
@@ -39,30 +37,35 @@ def scan_loops(model: onnx.ModelProto, findings: Findings) -> list:
         return []
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
     written = []
-    for name in [n.name for n in model.graph.node if n.op_type == "Loop"]:
-        node = next(n for n in model.graph.node if n.name == name and n.op_type == "Loop")
-        loop = name[:-len(LOOP_SUFFIX)] if name.endswith(LOOP_SUFFIX) else name
-        if loop not in rows:
+    candidates = [(n.name, n.op_type) for n in model.graph.node if n.op_type in ("Loop", "Scan")]
+    for name, op in candidates:
+        node = next(n for n in model.graph.node if n.name == name and n.op_type == op)
+        loop = while_loop_name(node)
+        if loop not in rows:  # a Scan already written, or a loop no row is about
             continue
         index = rows[loop]
         row = findings.outcomes[index]
+        # a rewrite that fails part way leaves the graph as it was: it changes the graph's nodes and
+        # adds initializers (never changes one), so the nodes and the initializers' count restore it
         before = onnx.GraphProto()
-        before.CopyFrom(model.graph)  # a rewrite that fails part way leaves the graph as it was
+        before.node.extend(model.graph.node)
+        initializers = len(model.graph.initializer)
         try:
             types = TypeTable(model)
             scope = Scope(model.graph)
-            loop_map = read_loop(node, scope, types)
+            loop_map = (read_loop if op == "Loop" else read_scan)(node, scope, types)
+            computed = {n.name for n in upstream(node.input, scope.producer)[1].values()}  # its trip count, test
             done = write_scan(node, loop_map, scope, types, opset)
             scanned = dataclasses.replace(row, became=SCAN, node=done.loop, own_step=True,
-                                          form=f"a Scan of the loop's own step ({_hoisted_text(done)})")
+                                          form=f"a Scan of the loop's own step ({_hoisted_text(done, loop_map)})")
         except NoMatch as no_match:
-            model.graph.CopyFrom(before)
+            _restore(model.graph, before, initializers)
             findings.outcomes[index] = dataclasses.replace(
                 row, reason=f"{row.reason}; not a Scan either: {no_match.reason}",
                 where=row.where or no_match.node)
             continue
         except Exception as error:  # noqa: BLE001 - the loop stays as it was, the row says why
-            model.graph.CopyFrom(before)
+            _restore(model.graph, before, initializers)
             logger.debug("writing the Scan form of %s raised", row.layer, exc_info=True)
             logger.warning("%s: internal error while writing the Scan form: %s: %s", row.layer,
                            type(error).__name__, error)
@@ -72,8 +75,14 @@ def scan_loops(model: onnx.ModelProto, findings: Findings) -> list:
         written.append(done)
         findings.outcomes[index] = scanned
         logger.info("%s: %s -> ONNX Scan (%s)", row.layer, row.kind, scanned.form)
-        _tidy(model.graph, scope, types, loop_map)
+        _tidy(model.graph, scope, types, loop_map, computed)
     return written
+
+
+def _restore(graph: onnx.GraphProto, before: onnx.GraphProto, initializers: int) -> None:
+    del graph.node[:]
+    graph.node.extend(before.node)
+    del graph.initializer[initializers:]
 
 
 def unnamed_step_dims(model: onnx.ModelProto) -> int:
@@ -97,12 +106,14 @@ def unnamed_step_dims(model: onnx.ModelProto) -> int:
     return cleared
 
 
-def _tidy(graph: onnx.GraphProto, scope: Scope, types: TypeTable, loop_map) -> None:
-    """What the Loop needed and the Scan does not: its outputs' padding, its counter's constants. The
-    Scan is written and exact either way: a fault here only leaves them."""
+def _tidy(graph: onnx.GraphProto, scope: Scope, types: TypeTable, loop_map, computed: set) -> None:
+    """What the Loop needed and the Scan does not: its outputs' padding, its trip count and condition
+    (``computed``: the nodes that computed the Loop's inputs, removed where nothing reads them now), its
+    counter's constants. The Scan is written and exact either way: a fault here only leaves them."""
     try:
         scope.refresh()
         _drop_padding(scope, types, loop_map)
+        _remove_unused(scope, computed)
         _drop_unused_initializers(graph)
     except Exception as error:  # noqa: BLE001 - see above
         logger.debug("tidying after the Scan form raised", exc_info=True)
@@ -119,8 +130,11 @@ def _drop_unused_initializers(graph: onnx.GraphProto) -> None:
         graph.initializer.extend(kept)
 
 
-def _hoisted_text(done: Written) -> str:
+def _hoisted_text(done: Written, loop_map) -> str:
     states = f"{done.states} state(s), {done.sequences} scanned input(s)"
+    if loop_map.longest_of:
+        states += (f", every step of the sequence (the loop ended at the longest row of {loop_map.longest_of}; "
+                   "past each row's length its steps keep the states and stack zeros)")
     text = states + (f", {done.hoisted} node(s) of input-only work run once over the sequence" if done.hoisted else "")
     if done.normalisations:
         text += f", {done.normalisations} layer normalisation(s) as one node each"
@@ -139,23 +153,12 @@ def _drop_padding(scope: Scope, types: TypeTable, loop_map) -> None:
         for reader in list(scope.readers.get(final, [])):
             if reader.op_type != "Concat" or not reader.name.startswith(PADDED_NAME) or reader.input[0] != final:
                 continue
-            if _padded_length(scope, reader, lengths) != loop_map.steps or reader.output[0] in scope.graph_outputs:
+            if padded_length(scope, reader, lengths) != loop_map.steps or reader.output[0] in scope.graph_outputs:
                 continue
             _rename_reads(scope.graph, reader.output[0], final)
             candidates.add(reader.name)
             candidates |= _ancestor_nodes(scope, reader)
     _remove_unused(scope, candidates)
-
-
-def _padded_length(scope: Scope, concat: onnx.NodeProto, lengths: Lengths):
-    """The length a padding Concat pads to: Concat(stacked, ConstantOfShape(Concat(Max(Sub(length, rows), 0),
-    rest)))."""
-    chain = scope.producer(concat.input[1])
-    for op, position in (("ConstantOfShape", 0), ("Concat", 0), ("Max", 0), ("Sub", 0)):
-        if chain is None or chain.op_type != op:
-            return None
-        chain = scope.producer(chain.input[position]) if op != "Sub" else chain
-    return lengths.value(chain.input[0])
 
 
 def _ancestor_nodes(scope: Scope, node: onnx.NodeProto) -> set:

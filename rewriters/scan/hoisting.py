@@ -60,6 +60,7 @@ class _Lifter:
     def const(self, value: np.ndarray, base: str) -> str:
         tensor = numpy_helper.from_array(np.asarray(value), fresh(base))
         self.hoisted.initializers.append(tensor)
+        self.types.types[tensor.name] = helper.make_tensor_type_proto(tensor.data_type, list(tensor.dims))
         return tensor.name
 
     def outer_rank(self, name: str) -> Optional[int]:
@@ -232,16 +233,29 @@ class _Lifter:
 
 
 def hoist(body: list, rows: dict, row_ranks: dict, step_inputs: set, scope: Scope, types: TypeTable,
-          opset: int, keep: Callable[[str], bool]) -> Hoisted:
+          opset: int, keep: Callable[[str], bool], promoted: tuple = ()) -> Hoisted:
     """Move out of a step's ``body`` nodes what only its rows and outer values feed (see the module).
 
     ``rows``: each row's body input -> its outer sequence; ``step_inputs``: the body's other inputs
-    (its carried states); ``keep(name)``: whether a body tensor is a body output.
+    (its carried states); ``keep(name)``: whether a body tensor is a body output; ``promoted``: the
+    body's own initializers, now outer ones the scope does not hold yet.
     """
     hoisted = Hoisted()
-    body = regroup_input_only_work(body, step_inputs, keep, types)
     seq = dict(rows)  # per-step tensor -> its sequence outside
     lifter = _Lifter(scope, types, opset, hoisted, seq)
+
+    def width(name: str) -> Optional[int]:  # the last dim of a body tensor (a row's: its sequence's)
+        shape = types.shape(name) or (types.shape(rows[name]) if name in rows else None)
+        return shape[-1] if shape else None
+
+    moved_out = {tensor.name: tensor for tensor in promoted}
+
+    def value(name: str) -> Optional[np.ndarray]:
+        found = moved_out.get(name)
+        return numpy_helper.to_array(found) if found is not None else scope.constant(name)
+
+    body = regroup_input_only_work(body, step_inputs, keep, types,
+                                   _Weights(value, lifter.const, width, lifter._float16))
     lifter.rank.update(row_ranks)
     invariant: set = set()  # body tensors now made outside, unchanged
     varying = set(step_inputs)  # what depends on a carried state
@@ -273,8 +287,24 @@ def hoist(body: list, rows: dict, row_ranks: dict, step_inputs: set, scope: Scop
     return hoisted
 
 
-def regroup_input_only_work(body: list, step_inputs: set, keep: Callable[[str], bool], types: TypeTable) -> list:
+@dataclass(frozen=True)
+class _Weights:
+    """What splitting a product by a constant matrix needs: the matrix's value, a new constant's name, the
+    width of a part (None where unknown), and whether a product stays whole (float16)."""
+
+    value: Callable[[str], Optional[np.ndarray]]
+    const: Callable[[np.ndarray, str], str]
+    width: Callable[[str], Optional[int]]
+    whole: Callable[[onnx.NodeProto], bool]
+
+
+def regroup_input_only_work(body: list, step_inputs: set, keep: Callable[[str], bool], types: TypeTable,
+                            weights: Optional[_Weights] = None) -> list:
     """Input-only work a step does apart, regrouped so that it moves out, repeatedly:
+
+    - ``MatMul(Concat(x, h), W)`` along the last axis, ``W`` a constant matrix, ``h`` depending on a
+      carried state and ``x`` not (a TF 1.x cell's ``[x, h] @ W``), becomes ``x @ W_x + h @ W_h``: the same
+      products, summed in another order (rounding only);
 
     - ``Mul(Neg(a), c)`` with ``c`` not depending on a carried state becomes ``Mul(a, Neg(c))``, bit for
       bit (Keras's gelu is ``0.5 * x * erfc(-x / sqrt(2))``);
@@ -301,7 +331,8 @@ def regroup_input_only_work(body: list, step_inputs: set, keep: Callable[[str], 
 
         for index, outer in enumerate(body):
             found = (_negated_factor(outer, made_by, varying, read_once, types)
-                     or _split_sum(outer, made_by, varying, read_once, types))
+                     or _split_sum(outer, made_by, varying, read_once, types)
+                     or (weights and _split_product(outer, made_by, varying, read_once, types, weights)))
             if found is not None:
                 replaced, made = found
                 body = [n for n in body[:index] if n is not replaced] + made + body[index + 1:]
@@ -344,6 +375,53 @@ def _split_sum(node: onnx.NodeProto, made_by: dict, varying: set, read_once, typ
         return inner, [regrouped, helper.make_node("Add", [regrouped.output[0], moving], list(node.output),
                                                    name=node.name)]
     return None
+
+
+def _split_product(node: onnx.NodeProto, made_by: dict, varying: set, read_once, types: TypeTable,
+                   weights: _Weights):
+    """``MatMul(Concat(p_1 .. p_n), W)`` along the parts' last axis (or a Gemm of it, ``alpha`` and
+    ``beta`` 1), ``W`` a constant matrix, some parts depending on a carried state and some not: (the
+    Concat, the products of each part by its rows of ``W``, summed apart for the two kinds, then added,
+    and the Gemm's ``C`` added last, that replace it and ``node``); else None."""
+    gemm = node.op_type == "Gemm" and not attribute(node, "transA", 0) and \
+        attribute(node, "alpha", 1.0) == 1.0 and attribute(node, "beta", 1.0) == 1.0
+    if not (node.op_type == "MatMul" or gemm) or weights.whole(node):
+        return None
+    concat, matrix = made_by.get(node.input[0]), weights.value(node.input[1])
+    if concat is None or concat.op_type != "Concat" or matrix is None or matrix.ndim != 2 or \
+            not read_once(concat.output[0]):
+        return None
+    if gemm and attribute(node, "transB", 0):
+        matrix = matrix.T
+    parts = list(concat.input)
+    ranks = {types.rank(p) for p in parts}
+    widths = [weights.width(p) for p in parts]
+    rank = ranks.pop() if len(ranks) == 1 else None
+    if rank is None or rank < 2 or attribute(concat, "axis") not in (-1, rank - 1) or None in widths or \
+            sum(widths) != matrix.shape[0] or all(p in varying for p in parts) or not any(p in varying for p in parts):
+        return None
+    made, sums = [], {}
+
+    def add(a: str, b: str, out: Optional[str] = None) -> str:
+        total = helper.make_node("Add", [a, b], [out or fresh(node.output[0])], name=fresh(node.name or "Add"))
+        _typed_as(types, total.output[0], node.output[0])
+        made.append(total)
+        return total.output[0]
+
+    start = 0
+    for part, rows in zip(parts, widths):
+        block = weights.const(np.ascontiguousarray(matrix[start:start + rows]), node.input[1])
+        start += rows
+        product = helper.make_node("MatMul", [part, block], [fresh(node.output[0])], name=fresh(node.name or "MatMul"))
+        _typed_as(types, product.output[0], node.output[0])
+        made.append(product)
+        kind = part in varying
+        sums[kind] = add(sums[kind], product.output[0]) if kind in sums else product.output[0]
+    bias = node.input[2] if gemm and len(node.input) > 2 and node.input[2] else ""
+    add(sums[False], sums[True], None if bias else node.output[0])
+    if bias:
+        add(made[-1].output[0], bias, node.output[0])
+    return concat, made
 
 
 def _typed_as(types: TypeTable, name: str, like: str) -> None:

@@ -19,7 +19,7 @@ from ..description import NoMatch
 from .folding import computed_reads, fold
 from .graph_index import Scope, TypeTable, attribute, fresh, outer_reads, reads, subgraphs, topological, upstream
 from .hoisting import hoist
-from .loop_reading import LoopMap
+from .loop_reading import LoopMap, zero_filled
 from .normalisation import fuse_layer_normalisations
 
 
@@ -59,7 +59,7 @@ def write_scan(loop: onnx.NodeProto, loop_map: LoopMap, scope: Scope, types: Typ
     state_inputs = [state.step_input for state in loop_map.states]
     row_ranks = {row: _row_rank(row, sequence, types) for row, sequence in rows.items()}
     hoisted = hoist(topological(nodes, set(rows) | set(state_inputs)), rows, row_ranks, set(state_inputs),
-                    scope, types, opset, keep=lambda name: name in outputs)
+                    scope, types, opset, keep=lambda name: name in outputs, promoted=tuple(initializers))
     initializers += hoisted.initializers
     outer_nodes += fold(hoisted.outer, scope, initializers, opset)
     rows = hoisted.rows or dict(list(rows.items())[:1])  # a Scan scans at least one sequence
@@ -112,7 +112,7 @@ def _merge_twin_states(loop_map: LoopMap, body: onnx.GraphProto, scope: Scope) -
                 continue
             a, b = update(kept), update(other)
             if a is None or b is None or a is b or not _same_step(a, b, kept.step_input, other.step_input) or \
-                    not (_zero_filled(kept.initial, scope) and _zero_filled(other.initial, scope)):
+                    not (zero_filled(scope, kept.initial) and zero_filled(scope, other.initial)):
                 continue
             _rename(list(body.node), {other.step_input: kept.step_input, b.output[0]: a.output[0]})
             keep = [node for node in body.node if node is not b and node.output[0] != b.output[0]]
@@ -133,25 +133,6 @@ def _same_step(a: onnx.NodeProto, b: onnx.NodeProto, state_a: str, state_b: str)
         return False
     return all(x == y or (x == state_a and y == state_b) for x, y in zip(a.input, b.input)) and \
         state_a in a.input
-
-
-def _zero_filled(name: str, scope: Scope) -> bool:
-    """Whether an outer tensor is all zeros by construction: a constant, a ConstantOfShape of zero, an
-    Expand of a zero constant."""
-    value = scope.constant(name)
-    if value is not None:
-        return not np.any(value)
-    node = scope.producer(scope.resolve(name))
-    if node is None:
-        return False
-    if node.op_type == "ConstantOfShape":
-        fill = attribute(node, "value")
-        return fill is None or not np.any(numpy_helper.to_array(fill))
-    if node.op_type in ("Expand", "Cast", "Identity"):
-        source = scope.constant(node.input[0])
-        return (source is not None and not np.any(source)) or (node.op_type != "Expand" and
-                                                               _zero_filled(node.input[0], scope))
-    return False
 
 
 def _distinct_outputs(outputs: list, nodes: list, declared: dict) -> tuple:
@@ -296,8 +277,8 @@ def _value_info(name: str, types: TypeTable, source: str, drop_first: bool = Fal
         shape = shape[1:]
     if shape is not None:
         shape = [d if d else None for d in shape]
-    if unnamed:  # names repeat across bodies (tf_keras's layers share their functions' names): no shape
-        shape = None
+    if unnamed and shape is not None:  # the rank alone: a later Scan reading this one's output knows its
+        shape = [None] * len(shape)    # rank; sizes and names are the step's, unified by some consumers
     return helper.make_tensor_value_info(name, elem, shape)
 
 
