@@ -57,7 +57,7 @@ def to_onnx(frozen: Frozen, options: Options) -> tuple:
         drop_state_defaults(model_proto, findings)
     _check_nchw(_io_ranks(model_proto), nchw)
     _scan_form(model_proto, findings)
-    _written_model_passes(model_proto)
+    _written_model_passes(model_proto, options.portable)
     return model_proto, nchw, findings
 
 
@@ -83,21 +83,27 @@ def _scan_form(model_proto: onnx.ModelProto, findings: Findings) -> None:
                        type(error).__name__, error, exc_info=True)
 
 
-def _written_model_passes(model_proto: onnx.ModelProto) -> None:
+def _written_model_passes(model_proto: onnx.ModelProto, portable: bool = False) -> None:
     """Passes over the written model that leave it exact whether they run or not, each on its own: the
     steps of Scans declare no symbolic dimension names (``rewriters.scan.unnamed_step_dims``: tract
     refuses tf2onnx's own Scans otherwise), and a masked layer's outputs are gathered straight into
     batch-major order (``rewriters.emit.transposed_gathers``, which changes the graph only once it has
-    built the whole rewrite). A failure leaves what that pass would have changed, and says so."""
+    built the whole rewrite); in the ``portable`` form, ``ReverseSequence`` nodes become element gathers
+    (``rewriters.emit.gathered_reversal``: tract and onnx2torch lack the op). A failure leaves what that
+    pass would have changed, and says so."""
     try:
+        from .rewriters.emit.gathered_reversal import reverse_sequences_as_gathers
         from .rewriters.emit.transposed_gathers import fold_transposed_gathers
         from .rewriters.scan import unnamed_step_dims
     except Exception as error:  # noqa: BLE001 - the model stays as written, exact
         logger.warning("the written model stays as tf2onnx wrote it: internal error importing its passes: %s: %s",
                        type(error).__name__, error, exc_info=True)
         return
-    for run, stays in ((unnamed_step_dims, "a Scan's step keeps its dimension names"),
-                       (fold_transposed_gathers, "the outputs' transposes stay")):
+    passes = [(unnamed_step_dims, "a Scan's step keeps its dimension names"),
+              (fold_transposed_gathers, "the outputs' transposes stay")]
+    if portable:
+        passes.append((reverse_sequences_as_gathers, "ReverseSequence nodes stay"))
+    for run, stays in passes:
         try:
             run(model_proto)
         except Exception as error:  # noqa: BLE001 - the model stays exact

@@ -17,15 +17,16 @@ def fold_transposed_gathers(model_proto: onnx.ModelProto) -> int:
     and is an axis-0 ``Gather`` from a ``Flatten`` (2-D data, so a 2-D index) into that gather with
     its index transposed. Returns how many. The graph changes only once the whole rewrite is built."""
     graph = model_proto.graph
-    producer = {output: node for node in graph.node for output in node.output}
+    written = list(graph.node)  # held, so that each node keeps its wrapper (and ``id``) throughout
+    producer = {output: node for node in written for output in node.output}
     readers: dict = {}
-    for node in graph.node:
+    for node in written:
         for name in node.input:
             readers[name] = readers.get(name, 0) + 1
     graph_outputs = {value.name for value in graph.output}
-    attributes = {id(node): {a.name: helper.get_attribute_value(a) for a in node.attribute} for node in graph.node}
+    attributes = {id(node): {a.name: helper.get_attribute_value(a) for a in node.attribute} for node in written}
     folded = {}  # id(transpose) -> the gather it becomes
-    for node in graph.node:
+    for node in written:
         if node.op_type != "Transpose" or attributes[id(node)].get("perm") != [1, 0, 2]:
             continue
         gather = producer.get(node.input[0])
@@ -40,7 +41,7 @@ def fold_transposed_gathers(model_proto: onnx.ModelProto) -> int:
         return 0
     gathers = {id(gather) for gather in folded.values()}
     nodes = []
-    for node in graph.node:
+    for node in written:
         if id(node) in gathers:
             continue  # written where its transpose was: its index's transpose is built there too
         gather = folded.get(id(node))
