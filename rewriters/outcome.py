@@ -6,7 +6,10 @@ row. Data only: nothing here runs, so nothing here can fail while the report is 
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
+
+import onnx
 
 WHILE_OPS = ("While", "StatelessWhile")  # the TensorFlow ops a recurrent layer's loop is
 
@@ -49,3 +52,17 @@ class Findings:
     setup_error: str = ""  # why the rewriter could not run at all (an internal error), if it could not
     unrolled_error: str = ""  # why unrolled layers could not even be looked for (an internal error), if so
     no_fallback: set = field(default_factory=set)  # fused ops tf2onnx has no handler for: unread, the model fails
+
+
+def while_loop_name(node: onnx.NodeProto) -> str:
+    """The TensorFlow while-loop an ONNX Loop or Scan came from: tf2onnx appends ``_loop`` to a
+    functional loop's name; a TF 1.x loop's is its body's scope (``rnn/while``)."""
+    if node.name.endswith(LOOP_SUFFIX):
+        return node.name[:-len(LOOP_SUFFIX)]
+    scopes = Counter(inner.name.split("/while/")[0] + "/while" for attribute in node.attribute
+                     if attribute.type == onnx.AttributeProto.GRAPH for inner in attribute.g.node
+                     if "/while/" in inner.name)
+    return scopes.most_common(1)[0][0] if scopes else node.name
+
+
+LOOP_SUFFIX = "_loop"

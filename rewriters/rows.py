@@ -7,10 +7,7 @@ what was fused or declined, WARNING for a fault of ours.
 from __future__ import annotations
 
 import logging
-from collections import Counter
 from dataclasses import dataclass
-
-import onnx
 
 from . import cell_kinds
 from .description import Pass, StackMatch
@@ -26,20 +23,6 @@ def scope_name(node_name: str) -> str:
     the scope path without TensorFlow's wrappers and the model's own scope."""
     parts = [p for p in node_name.split("/") if p not in _WRAPPER_SCOPES]
     return "/".join(parts[1:] if len(parts) > 1 else parts) or node_name
-
-
-def while_loop_name(node: onnx.NodeProto) -> str:
-    """The TensorFlow while-loop an ONNX Loop or Scan came from: tf2onnx appends ``_loop`` to a
-    functional loop's name; a TF 1.x loop's is its body's scope (``rnn/while``)."""
-    if node.name.endswith(LOOP_SUFFIX):
-        return node.name[:-len(LOOP_SUFFIX)]
-    scopes = Counter(inner.name.split("/while/")[0] + "/while" for attribute in node.attribute
-                     if attribute.type == onnx.AttributeProto.GRAPH for inner in attribute.g.node
-                     if "/while/" in inner.name)
-    return scopes.most_common(1)[0][0] if scopes else node.name
-
-
-LOOP_SUFFIX = "_loop"
 
 
 def kind_hint(name: str) -> str:

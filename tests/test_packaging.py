@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# the package's subpackages must be exactly ``rewriters`` and ``sources``: nothing else of the checkout
+# the package's subpackages must be exactly ``handlers``, ``rewriters`` and ``sources``: nothing else of the checkout
 # (tests, examples, the package itself again) may become importable under tf2onnx_rnn
 LEAKS = ("tf2onnx_rnn.tf2onnx_rnn", "tf2onnx_rnn.tests", "tf2onnx_rnn.examples", "tf2onnx_rnn.benchmarks",
          "tf2onnx_rnn.rewriters.rewriters", "tf2onnx_rnn.parity", "tf2onnx_rnn.setup")
@@ -24,7 +24,8 @@ MATCHERS = [f"tf2onnx_rnn.rewriters.cells.{name}" for name in ("gru", "gru_block
 
 def _only_rewriters(leaks, packages):
     assert leaks == [], f"importable under tf2onnx_rnn: {leaks}"
-    assert packages in (["sources"], ["rewriters", "sources"]), f"subpackages on tf2onnx_rnn's path: {packages}"
+    assert packages in (["handlers", "sources"], ["handlers", "rewriters", "sources"]), \
+        f"subpackages on tf2onnx_rnn's path: {packages}"
 
 
 def _probe(env=None, cwd="/", isolated=False):

@@ -357,14 +357,27 @@ def test_a_tf1_dynamic_rnn_over_a_cell_no_node_names_has_no_loop(form):
             assert float(np.max(np.abs(g - w) / np.maximum(np.abs(w), 1.0))) <= RELATIVE
 
 
+def _openvino_and_tract(path: str, feeds: list) -> tuple:
+    """The outputs of the model at ``path`` in OpenVINO (f32) and in tract, its inputs' shapes fixed to
+    ``feeds``' (float32 and int32 inputs); skipped where either is not installed."""
+    openvino = pytest.importorskip("openvino")
+    tract = pytest.importorskip("tract")
+    core = openvino.Core()
+    compiled = core.compile_model(core.read_model(path), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    result = compiled(feeds)
+    model = tract.onnx().load(path)
+    for slot, value in enumerate(feeds):
+        model.set_input_fact(slot, ",".join(map(str, value.shape)) + (",f32" if value.dtype == np.float32 else ",i32"))
+    return ([np.asarray(result[out]) for out in compiled.outputs],
+            [out.to_numpy() for out in model.into_model().into_runnable().run(feeds)])
+
+
 @pytest.mark.parametrize("form", ["v1", "v2"])
 @pytest.mark.parametrize("lengths", [False, True], ids=["no-lengths", "sequence_length"])
 def test_a_tf1_dynamic_rnn_scan_loads_in_openvino_and_tract(tmp_path, form, lengths):
     """The Scan of a TF 1.x ``dynamic_rnn`` over ``LSTMCell(num_proj)``, in both control-flow forms, with
     and without ``sequence_length``, runs in OpenVINO (f32) and tract, equal to the TensorFlow session
     (rows of mixed lengths, an empty one among them, and a batch unlike the time length)."""
-    openvino = pytest.importorskip("openvino")
-    tract = pytest.importorskip("tract")
     import tf1_graphs
     from tf2onnx_rnn import convert_graph_def
 
@@ -376,14 +389,7 @@ def test_a_tf1_dynamic_rnn_scan_loads_in_openvino_and_tract(tmp_path, form, leng
     onnx.save(proto, path)
     feeds = tf1_graphs.feeds_for(case, [5, 0, 2] if lengths else None, 5)
     want = built.run(feeds)
-    core = openvino.Core()
-    compiled = core.compile_model(core.read_model(path), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
-    result = compiled(feeds)
-    got_openvino = [np.asarray(result[out]) for out in compiled.outputs]
-    model = tract.onnx().load(path)
-    for slot, value in enumerate(feeds):
-        model.set_input_fact(slot, ",".join(map(str, value.shape)) + (",f32" if value.dtype == np.float32 else ",i32"))
-    got_tract = [out.to_numpy() for out in model.into_model().into_runnable().run(feeds)]
+    got_openvino, got_tract = _openvino_and_tract(path, feeds)
     for runtime, got in (("OpenVINO", got_openvino), ("tract", got_tract)):
         assert len(got) == len(want)
         for g, w in zip(got, want):
@@ -398,8 +404,6 @@ def test_a_tf1_bidirectional_dynamic_rnn_with_lengths_in_the_portable_form(tmp_p
     Loop, and the input's reversal by the lengths an element gather (tract has no ReverseSequence).
     Equal to the TensorFlow session in onnxruntime, OpenVINO (f32) and tract, on rows of mixed lengths,
     an empty one among them."""
-    openvino = pytest.importorskip("openvino")
-    tract = pytest.importorskip("tract")
     import tf1_graphs
     from tf2onnx_rnn import convert_graph_def, report_of
 
@@ -415,14 +419,7 @@ def test_a_tf1_bidirectional_dynamic_rnn_with_lengths_in_the_portable_form(tmp_p
     want = built.run(feeds)
     session = helpers.ort_session(proto)
     got_ort = session.run(None, dict(zip([i.name for i in session.get_inputs()], feeds)))
-    core = openvino.Core()
-    compiled = core.compile_model(core.read_model(path), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
-    result = compiled(feeds)
-    got_openvino = [np.asarray(result[out]) for out in compiled.outputs]
-    model = tract.onnx().load(path)
-    for slot, value in enumerate(feeds):
-        model.set_input_fact(slot, ",".join(map(str, value.shape)) + (",f32" if value.dtype == np.float32 else ",i32"))
-    got_tract = [out.to_numpy() for out in model.into_model().into_runnable().run(feeds)]
+    got_openvino, got_tract = _openvino_and_tract(path, feeds)
     for runtime, got in (("onnxruntime", got_ort), ("OpenVINO", got_openvino), ("tract", got_tract)):
         assert len(got) == len(want)
         for g, w in zip(got, want):

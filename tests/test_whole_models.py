@@ -665,7 +665,7 @@ def test_conversion_registers_the_handlers_lazily_and_keeps_tf2onnx_handlers():
         assert all(registered[op] for op in ("IRFFT", "Real", "Imag")), registered
         mapping = handler.tf_op.create_mapping(17, [])
         assert mapping["Expm1"][0].__self__ is Theirs, "an existing handler was replaced"
-        assert mapping["Erfc"][0].__module__ == "tf2onnx_rnn.handlers", mapping["Erfc"]
+        assert mapping["Erfc"][0].__module__.startswith("tf2onnx_rnn.handlers."), mapping["Erfc"]
         print("ok")
     """)
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")

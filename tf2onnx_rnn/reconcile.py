@@ -16,8 +16,8 @@ import onnx
 
 from .probes import graph_nodes
 from .report import LOOP, REMOVED, SCAN, UNROLLED, ConversionReport, LoopOutcome
-from .rewriters.outcome import WHILE_OPS, Findings
-from .rewriters.rows import kind_hint, scope_name, while_loop_name
+from .rewriters.outcome import WHILE_OPS, Findings, while_loop_name
+from .rewriters.rows import kind_hint, scope_name
 
 logger = logging.getLogger("tf2onnx_rnn")
 

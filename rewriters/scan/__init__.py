@@ -20,8 +20,7 @@ import onnx
 
 from ..description import NoMatch
 from ..emit.padded_lists import PADDED_NAME
-from ..outcome import LOOP, SCAN, Findings
-from ..rows import while_loop_name
+from ..outcome import LOOP, SCAN, Findings, while_loop_name
 from .graph_index import Scope, TypeTable, reads, subgraphs, upstream
 from .lengths import Lengths
 from .loop_reading import padded_length, read_loop, read_scan
