@@ -17,6 +17,8 @@ def reverse_sequences_as_gathers(model_proto: onnx.ModelProto) -> int:
     """Rewrite every ``ReverseSequence`` of the main graph whose input's rank is known as the gather
     above; returns how many. The graph changes only once every rewrite is built."""
     graph = model_proto.graph
+    if not any(node.op_type == "ReverseSequence" for node in graph.node):
+        return 0  # no shape inference over the whole model for nothing
     opset = next((o.version for o in model_proto.opset_import if o.domain in ("", "ai.onnx")), 13)
     ranks = _ranks(model_proto)
     constants, replaced = [], {}

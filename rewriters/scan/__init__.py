@@ -19,11 +19,10 @@ import logging
 import onnx
 
 from ..description import NoMatch
-from ..emit.padded_lists import PADDED_NAME
 from ..outcome import LOOP, SCAN, Findings, while_loop_name
 from .graph_index import Scope, TypeTable, reads, subgraphs, upstream
 from .lengths import Lengths
-from .loop_reading import padded_length, read_loop, read_scan
+from .loop_reading import paddings, read_loop, read_scan
 from .rewrite import Written, write_scan
 
 logger = logging.getLogger("tf2onnx_rnn")
@@ -149,10 +148,8 @@ def _drop_padding(scope: Scope, types: TypeTable, loop_map) -> None:
     lengths = Lengths(scope, types)
     candidates = set()
     for _, final in loop_map.step_outputs:
-        for reader in list(scope.readers.get(final, [])):
-            if reader.op_type != "Concat" or not reader.name.startswith(PADDED_NAME) or reader.input[0] != final:
-                continue
-            if padded_length(scope, reader, lengths) != loop_map.steps or reader.output[0] in scope.graph_outputs:
+        for reader in paddings(scope, final, loop_map.steps, lengths):
+            if reader.output[0] in scope.graph_outputs:
                 continue
             _rename_reads(scope.graph, reader.output[0], final)
             candidates.add(reader.name)

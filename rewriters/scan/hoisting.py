@@ -305,7 +305,6 @@ def regroup_input_only_work(body: list, step_inputs: set, keep: Callable[[str], 
     - ``MatMul(Concat(x, h), W)`` along the last axis, ``W`` a constant matrix, ``h`` depending on a
       carried state and ``x`` not (a TF 1.x cell's ``[x, h] @ W``), becomes ``x @ W_x + h @ W_h``: the same
       products, summed in another order (rounding only);
-
     - ``Mul(Neg(a), c)`` with ``c`` not depending on a carried state becomes ``Mul(a, Neg(c))``, bit for
       bit (Keras's gelu is ``0.5 * x * erfc(-x / sqrt(2))``);
     - ``Add(Add(u, v), c)`` where ``v`` depends on a carried state and ``u`` and ``c`` do not (a cell's

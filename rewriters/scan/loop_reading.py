@@ -364,8 +364,7 @@ def _check_full_length(scope: Scope, step_outputs: tuple, steps, lengths: Length
     for _, final in step_outputs:
         if not scope.used(final) or _declared_rows(scope, lengths, final, 0, steps):
             continue
-        pads = [r for r in scope.readers.get(final, []) if r.op_type == "Concat" and r.name.startswith(PADDED_NAME)
-                and r.input[0] == final and padded_length(scope, r, lengths) == steps]
+        pads = paddings(scope, final, steps, lengths)
         require(len(pads) == 1 and final not in scope.graph_outputs,
                 "the loop ends at the longest row, and a stack it returns is not padded to the sequence's length",
                 where)
@@ -388,6 +387,12 @@ def _declared_rows(scope: Scope, lengths: Lengths, name: str, axis: int, steps) 
     if reader.op_type == "Transpose" and (perm is None or axis not in perm):
         return False
     return _declared_rows(scope, lengths, reader.output[0], list(perm).index(axis) if perm else axis, steps)
+
+
+def paddings(scope: Scope, stacked: str, steps, lengths: Lengths) -> list:
+    """The Concats that pad ``stacked`` with zeros to ``steps`` rows (:mod:`..emit.padded_lists`)."""
+    return [r for r in scope.readers.get(stacked, []) if r.op_type == "Concat" and r.name.startswith(PADDED_NAME)
+            and r.input[0] == stacked and padded_length(scope, r, lengths) == steps]
 
 
 def padded_length(scope: Scope, concat: onnx.NodeProto, lengths: Lengths):
@@ -419,4 +424,4 @@ def zero_filled(scope: Scope, name: str) -> bool:
     if node.op_type == "Expand":
         source = scope.constant(node.input[0])
         return source is not None and not np.any(source)
-    return node.op_type in ("Cast", "Identity") and zero_filled(scope, node.input[0])
+    return node.op_type == "Cast" and zero_filled(scope, node.input[0])  # identities: resolved above
