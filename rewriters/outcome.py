@@ -2,7 +2,8 @@
 
 It lives with the rewriters, which import nothing of the package above them; the conversion
 report (``tf2onnx_rnn.report``) is built from the :class:`Findings`, each :class:`Outcome` a
-row. Data only: nothing here runs, so nothing here can fail while the report is written.
+row. Data, and one reading of a written node's name (:func:`while_loop_name`, which the report's
+reconciliation and the Scan form share): nothing else here runs.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 import onnx
 
 WHILE_OPS = ("While", "StatelessWhile")  # the TensorFlow ops a recurrent layer's loop is
+LOOP_SUFFIX = "_loop"  # tf2onnx names the ONNX Loop of a functional while-loop <while name>_loop
 
 LOOP = "Loop"  # ``became`` of a loop left as tf2onnx's exact Loop
 REMOVED = "removed"  # ``became`` of a loop whose outputs nothing used: tf2onnx dropped it
@@ -63,6 +65,3 @@ def while_loop_name(node: onnx.NodeProto) -> str:
                      if attribute.type == onnx.AttributeProto.GRAPH for inner in attribute.g.node
                      if "/while/" in inner.name)
     return scopes.most_common(1)[0][0] if scopes else node.name
-
-
-LOOP_SUFFIX = "_loop"
