@@ -74,9 +74,18 @@ def test_a_masked_layer_gives_batch_major_outputs_straight_from_its_gather():
     proto = convert_keras(model)
     made_by = {output: node for node in proto.graph.node for output in node.output}
     last = made_by[proto.graph.output[0].name]
-    assert last.op_type == "Gather", helpers.op_types(proto)
+    # the restore is the heavy branch of an If (a batch with nothing masked reads the node's own
+    # outputs): there the gather gives batch-major rows, and the lean branch transposes the node's Y
+    assert last.op_type == "If", helpers.op_types(proto)
+    branches = {a.name: a.g for a in last.attribute}
+    for name, op in (("else_branch", "Gather"), ("then_branch", "Transpose")):
+        made_in = {output: node for node in branches[name].node for output in node.output}
+        assert made_in[branches[name].output[0].name].op_type == op, (name, helpers.op_types(branches[name]))
     batch = np.stack([rng.standard_normal((6, 3)) for _ in range(2)]).astype(np.float32)
+    full = batch.copy()
     batch[0, :2] = 0.0  # pre-padded
     batch[1, 4:] = 0.0  # post-padded
-    (got,) = helpers.ort_session(proto).run(None, {"x": batch})
-    np.testing.assert_allclose(got, np.asarray(model(batch, training=False)), rtol=1e-5, atol=1e-6)
+    session = helpers.ort_session(proto)
+    for x in (batch, full):  # the heavy branch, the lean one
+        (got,) = session.run(None, {"x": x})
+        np.testing.assert_allclose(got, np.asarray(model(x, training=False)), rtol=1e-5, atol=1e-6)

@@ -93,6 +93,7 @@ def _written_model_passes(model_proto: onnx.ModelProto, portable: bool = False) 
     pass would have changed, and says so."""
     try:
         from .rewriters.emit.gathered_reversal import reverse_sequences_as_gathers
+        from .rewriters.emit.if_branches import lean_branches
         from .rewriters.emit.transposed_gathers import fold_transposed_gathers
         from .rewriters.scan import unnamed_step_dims
     except Exception as error:  # noqa: BLE001 - the model stays as written, exact
@@ -100,7 +101,8 @@ def _written_model_passes(model_proto: onnx.ModelProto, portable: bool = False) 
                        type(error).__name__, error, exc_info=True)
         return
     passes = [(unnamed_step_dims, "a Scan's step keeps its dimension names"),
-              (fold_transposed_gathers, "the outputs' transposes stay")]
+              (fold_transposed_gathers, "the outputs' transposes stay"),
+              (lean_branches, "what only one branch of a mask's If reads stays outside it")]
     if portable:
         passes.append((reverse_sequences_as_gathers, "ReverseSequence nodes stay"))
     for run, stays in passes:

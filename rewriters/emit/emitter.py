@@ -172,7 +172,8 @@ class Emission:
             if key not in context.mask_tensors:
                 mask = context.current(layer.mask)
                 mask = self.reversed_in_time(mask) if layer.reverse_x else mask
-                context.mask_tensors[key] = MaskTensors(graph, mask, layer.first.dtype, context.masks.int32_keys)
+                context.mask_tensors[key] = MaskTensors(graph, mask, layer.first.dtype, context.masks.int32_keys,
+                                                        context.masks.choice)
             self.mask = context.mask_tensors[key]
         self.compacted = self.mask is not None and context.masks.compacts(layer)
         self._x = None
@@ -205,12 +206,23 @@ class Emission:
             return parts[0]
         return self.graph.make_node("Concat", parts, attr={"axis": 0}).output[0]
 
-    def per_direction(self, tensor: str, index: int, axis: int) -> str:
-        """The slice of a per-direction output for pass ``index``, with the direction axis removed."""
+    def per_direction(self, tensor: str, index: int, axis: int, builder: Optional[GraphBuilder] = None) -> str:
+        """The slice of a per-direction output for pass ``index``, with the direction axis removed
+        (built by ``builder``: an ``If`` branch's, or this graph's)."""
+        builder = builder or self.builder
         if len(self.layer.passes) > 1:
-            tensor = self.builder.make_slice({"data": tensor, "starts": [index], "ends": [index + 1],
-                                              "axes": [axis]})
-        return self.builder.make_squeeze({"data": tensor, "axes": [axis]})
+            tensor = builder.make_slice({"data": tensor, "starts": [index], "ends": [index + 1], "axes": [axis]})
+        return builder.make_squeeze({"data": tensor, "axes": [axis]})
+
+    def direction_of(self, y: str, index: int, tensors: MaskTensors) -> str:
+        """[T, B, H]: pass ``index``'s outputs from the node's Y [T, directions, B, H], as an ``If``
+        branch's output: one Gather of the direction (a Slice and a Squeeze would copy twice there, the
+        Squeeze's view copied out of the branch); a lone direction's Squeeze, whose reader (Keras's
+        transpose to batch-major) the written model moves into the branch
+        (:mod:`.if_branches`)."""
+        if len(self.layer.passes) == 1:
+            return tensors.builder.make_squeeze({"data": y, "axes": [1]})
+        return tensors.op("Gather", [y, tensors.const(index)], axis=1)
 
     @staticmethod
     def node_y(node) -> str:
@@ -322,8 +334,13 @@ class Emission:
             return sequence()
         start = self.context.states.carried_start(self, index)
         if start is None and self.form.zeros_past_count:
-            return self.mask.restore_from_node(self.node_y(node), index, len(self.layer.passes),
-                                               wiring.masked_output, backward)
+            # the node's own outputs are Keras's where no row's kept steps were moved (zero mode, a pass
+            # stepping backward) or where no step is masked (a carried output)
+            return self.mask.unless_needed(
+                lambda tensors: self.direction_of(self.node_y(node), index, tensors),
+                lambda tensors: tensors.restore_from_node(self.node_y(node), index, len(self.layer.passes),
+                                                          wiring.masked_output, backward),
+                post_padded=wiring.masked_output is MaskedOutput.ZERO or backward)
         return self.mask.restore(sequence(), wiring.masked_output, start and self.current(start), backward)
 
     def reversed_in_time(self, sequence: str) -> str:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from ..description import Direction, NodeDirection, Pass, RecurrentLayer, StateRole
+from .mask_tensors import ALWAYS, AT_RUN_TIME, Always
 
 if TYPE_CHECKING:  # the emitter hands itself to a variant; the variant never imports it
     from .emitter import Emission
@@ -43,7 +44,8 @@ class MaskForm:
         x = emission.x
         if emission.mask is None:
             return x, ""
-        return (emission.mask.compact(x) if emission.compacted else x), emission.mask.lengths
+        lengths = emission.mask.lengths  # first: a compaction decided at run time reads the counts from outside
+        return (emission.mask.compact(x) if emission.compacted else x), lengths
 
     def steps(self, emission: Emission, y: str) -> str:
         """[T, B, H]: a pass's node outputs -> its outputs in the order of X, at compacted positions
@@ -160,6 +162,13 @@ class Masks:
             return MaskForm("kept for the portable target: the final cell state c is used, and without "
                             "sequence_lens the node gives c only after the last step")
         return self.form
+
+    @property
+    def choice(self) -> Always:
+        """When a masked layer's compaction and restore run: only for a batch that needs them, decided by
+        an ``If`` (:class:`.mask_tensors.AtRunTime`), or on every run where the consumers take no ``If``
+        (the portable form: tract, onnx2torch; the training form)."""
+        return ALWAYS if isinstance(self.form, PortableMask) else AT_RUN_TIME
 
     @property
     def int32_keys(self) -> bool:

@@ -1,24 +1,59 @@
 """The mask arithmetic of a masked layer, built once per mask and shared by the layers it masks.
 
 Compaction moves each row's kept steps to the front, in order; outputs go back through a gather
-from the node's outputs at the compacted position each step takes its value from.
+from the node's outputs at the compacted position each step takes its value from. Where the
+consumers take an ``If`` (:class:`AtRunTime`), both are paid only by a batch that needs them: a
+batch whose every row keeps its steps first (post-padded, full) feeds the node its input as it is.
 
 Every attribute a consumer could read otherwise than ONNX is written out, defaults included:
 onnx2torch 1.5.15 takes an absent ``reverse`` of ``CumSum`` as 1.
 """
 from __future__ import annotations
 
-from typing import Optional
+import copy
+from typing import Callable, Optional
 
 import numpy as np
-from onnx import TensorProto
+from onnx import TensorProto, helper
 from tf2onnx import utils
 from tf2onnx.graph_builder import GraphBuilder
 
-from ..description import MaskedOutput
+from ..description import MaskedOutput, NoMatch
 from .bool_masks import SWAP, unit_axis_moves
 
 _PAST_EVERY_RANK = 2 ** 30  # a sort key past every kept step's rank (fits int32, for tract)
+
+
+def helper_dtype(np_type: np.dtype) -> int:
+    return helper.np_dtype_to_tensor_dtype(np.dtype(np_type))
+
+
+class Always:
+    """Compaction and restore in every run: what consumers without ``If`` (tract, onnx2torch) need.
+    The portable and training forms take it."""
+
+    def choose(self, mask: "MaskTensors", condition: str, lean: Callable, heavy: Callable) -> str:
+        return heavy(mask)
+
+    def describe(self, compacted: bool) -> str:
+        return "compacted" if compacted else ""
+
+
+class AtRunTime(Always):
+    """Decided once per run: an ``If`` on a condition of the mask (:attr:`MaskTensors.post_padded`,
+    :attr:`MaskTensors.all_kept`) runs the lean branch, which reads the node's input or output as it
+    is, when no row needs the work, and the heavy one otherwise. Both branches are exact for the
+    batches they run on; the heavy one for any mask. Each branch builds what only it reads: what the
+    lean one skips is never computed."""
+
+    def choose(self, mask: "MaskTensors", condition: str, lean: Callable, heavy: Callable) -> str:
+        return mask.conditional(getattr(mask, condition), lean, heavy)
+
+    def describe(self, compacted: bool) -> str:
+        return "compacted when a row's kept steps do not come first" if compacted else ""
+
+
+ALWAYS, AT_RUN_TIME = Always(), AtRunTime()
 
 
 def _built_once(builder):
@@ -39,27 +74,104 @@ class MaskTensors:
     ``source``: at step t, the compacted position of the latest kept step up to t.
     """
 
-    def __init__(self, graph, mask: Optional[str], float_type: np.dtype, int32_keys: bool = False):
+    def __init__(self, graph, mask: Optional[str], float_type: np.dtype, int32_keys: bool = False,
+                 choice: Always = ALWAYS):
         self.graph, self.builder = graph, GraphBuilder(graph)
         self.int32_keys = int32_keys  # sort keys cast to int32 (the portable target: tract)
+        self.choice = choice if graph.opset >= 12 else ALWAYS  # ArgMax's select_last_index: opset 12
         self.float_type_np = np.dtype(float_type)
         self._cache: dict = {}
         self._mask = mask
 
+    def within(self, graph) -> "MaskTensors":
+        """The same mask's tensors for a branch ``graph`` of an ``If``: what this one has built is read
+        from outside; what the branch asks for next is built inside it, and stays there."""
+        inner = copy.copy(self)
+        inner.graph, inner.builder, inner._cache = graph, GraphBuilder(graph), dict(self._cache)
+        return inner
+
+    def conditional(self, condition: str, lean: Callable, heavy: Callable) -> str:
+        """An ``If`` on the bool scalar ``condition``: ``lean(tensors)`` builds the then-branch's output,
+        ``heavy(tensors)`` the else-branch's, each with this mask's tensors for its branch. Both give the
+        layer's float type at the same rank."""
+        dtype = helper_dtype(self.float_type_np)
+        branches, rank = {}, None
+        for attribute, build in (("then_branch", lean), ("else_branch", heavy)):
+            branch = self.graph.create_new_graph_with_same_config()
+            branch.parent_graph = self.graph
+            inner = self.within(branch)
+            output = build(inner)
+            if branch.get_node_by_output(output, search_in_parent_graphs=False) is None:  # made inside it
+                output = inner.op("Identity", [output])
+            shape = self.graph.get_shape(output) or branch.get_shape(output)
+            rank = rank if shape is None else len(shape)
+            branch.add_graph_output(output, dtype, shape)
+            branches[attribute] = branch
+        if rank is None:
+            raise NoMatch("internal: the rank of a conditional mask tensor is unknown")
+        return self.graph.make_node("If", [condition], branches=branches, shapes=[[-1] * rank],
+                                    dtypes=[dtype]).output[0]
+
+    def choose(self, condition: str, lean: Callable, heavy: Callable) -> str:
+        """``heavy``'s tensor, or, where the choice is made at run time (:class:`AtRunTime`), ``lean``'s
+        when ``condition`` (an attribute naming a bool scalar) holds."""
+        return self.choice.choose(self, condition, lean, heavy)
+
+    def unless_needed(self, lean: Callable, heavy: Callable, post_padded: bool) -> str:
+        """``lean``'s tensor when no step is masked or, if it holds for them too (``post_padded``), when
+        every row's kept steps come first; ``heavy``'s otherwise. The cheaper test first: a batch with
+        nothing masked never computes the other."""
+        if not post_padded:
+            return self.choose("all_kept", lean, heavy)
+        return self.choose("all_kept", lean, lambda tensors: tensors.choose("post_padded", lean, heavy))
+
     @_built_once
-    def bool(self) -> str:
-        """[T, B] bool: the mask."""
+    def post_padded(self) -> str:
+        """The bool scalar: every row's kept steps come first (full rows too), so that compaction is the
+        identity. A row's last kept step is its count less one exactly then (ArgMax's last index; a
+        row with none reads T - 1 and takes the heavy branch)."""
+        last = self.op("ArgMax", [self.flags], axis=self.laid_out[1], keepdims=0, select_last_index=1)
+        gap = self.op("ReduceMax", [self.op("Sub", [last, self.counts])], keepdims=0)
+        return self.op("Less", [gap, self.const(0)])
+
+    @_built_once
+    def all_kept(self) -> str:
+        """The bool scalar: no step of any row is masked."""
+        return self.op("Cast", [self.op("ReduceMin", [self.flags], keepdims=0)], to=TensorProto.BOOL)
+
+    @_built_once
+    def laid_out(self) -> tuple:
+        """(mask, time axis): the mask as it is made, [T, B] or, read from before Keras's move of it to
+        time-major (and its expansion to [B, T, 1]), [B, T]."""
         mask = self._mask
         if len(self.graph.get_shape(mask) or []) == 3:
             # Keras's [B, T] mask expanded to [B, T, 1] and moved: read from before the expansion
             root, moves = unit_axis_moves(self.graph, mask)
             if len(self.graph.get_shape(root) or []) == 2 and moves in ((), (SWAP,)):
-                mask = self.op("Transpose", [root], perm=[1, 0]) if moves else root
-            else:
-                mask = self.builder.make_squeeze({"data": mask, "axes": [2]})
+                return root, 1 if moves else 0
+            mask = self.builder.make_squeeze({"data": mask, "axes": [2]})
+        return mask, 0
+
+    @_built_once
+    def bool(self) -> str:
+        """[T, B] bool: the mask."""
+        mask, time_axis = self.laid_out
+        if time_axis:
+            mask = self.op("Transpose", [mask], perm=[1, 0])
         if self.graph.get_dtype(mask) == TensorProto.BOOL:
             return mask  # no Cast of a bool (OpenVINO folds one on a model input, naming the input after it)
         return self.op("Cast", [mask], to=TensorProto.BOOL)
+
+    @_built_once
+    def flags(self) -> str:
+        """The mask as int64 0/1, laid out as it is made (:attr:`laid_out`): what the lengths and the
+        run-time conditions read, with no transpose. A bool made by a Cast of 0/1 integers (tf2onnx's
+        ``Any``, :mod:`.bool_masks`) is read from those."""
+        mask, _ = self.laid_out
+        made = self.graph.get_node_by_output(mask)
+        if made is not None and made.type == "Cast" and self.graph.get_dtype(made.input[0]) == TensorProto.UINT8:
+            mask = made.input[0]
+        return self.op("Cast", [mask], to=TensorProto.INT64)
 
     def op(self, op_type: str, inputs, **attrs) -> str:
         return self.graph.make_node(op_type, inputs, attr=attrs).output[0]
@@ -69,11 +181,12 @@ class MaskTensors:
 
     @_built_once
     def ints(self) -> str:
-        """[T, B] int64: 1 at kept steps. A Cast (onnxruntime: a third of a Where's time, measured), but
-        for tract (``int32_keys``) a Where: tract casts to int64 as its symbolic dimension type, which
-        its CumSum cannot add."""
+        """[T, B] int64: 1 at kept steps. The :attr:`flags` (a Cast: onnxruntime runs it in a third of a
+        Where's time, measured), but for tract (``int32_keys``) a Where: tract casts to int64 as its
+        symbolic dimension type, which its CumSum cannot add."""
         if not self.int32_keys:
-            return self.op("Cast", [self.bool], to=TensorProto.INT64)
+            flags, time_axis = self.flags, self.laid_out[1]
+            return self.op("Transpose", [flags], perm=[1, 0]) if time_axis else flags
         return self.op("Where", [self.bool, self.const(1), self.const(0)])
 
     @_built_once
@@ -107,7 +220,9 @@ class MaskTensors:
     @_built_once
     def counts(self) -> str:
         """[B] int64: kept steps per row."""
-        return self.builder.make_reduce_sum({"data": self.ints, "axes": [0], "keepdims": 0})
+        if self.int32_keys:
+            return self.builder.make_reduce_sum({"data": self.ints, "axes": [0], "keepdims": 0})
+        return self.builder.make_reduce_sum({"data": self.flags, "axes": [self.laid_out[1]], "keepdims": 0})
 
     @_built_once
     def lengths(self) -> str:
@@ -198,7 +313,12 @@ class MaskTensors:
         return self.op("Gather", [self.kept, self.const([step])], axis=0)
 
     def compact(self, x: str) -> str:
-        """[T, B, F] -> the same with each row's kept steps moved to the front, in order."""
+        """[T, B, F] -> the same with each row's kept steps moved to the front, in order (``x`` itself
+        when :attr:`post_padded`, where the choice is made at run time)."""
+        return self.unless_needed(lambda tensors: x, lambda tensors: tensors.gathered(x), post_padded=True)
+
+    def gathered(self, x: str) -> str:
+        """:meth:`compact`'s gather."""
         return self.op("Gather", [self.op("Flatten", [x], axis=2), self.compaction_rows], axis=0)
 
     def compact_reversed(self, x: str, compacted: bool = True) -> str:

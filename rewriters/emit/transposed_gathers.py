@@ -16,7 +16,11 @@ def fold_transposed_gathers(model_proto: onnx.ModelProto) -> int:
     """Rewrite every ``Transpose(perm=[1, 0, 2])`` of the main graph whose input is read by it alone
     and is an axis-0 ``Gather`` from a ``Flatten`` (2-D data, so a 2-D index) into that gather with
     its index transposed. Returns how many. The graph changes only once the whole rewrite is built."""
-    graph = model_proto.graph
+    return fold_graph(model_proto.graph)
+
+
+def fold_graph(graph: onnx.GraphProto) -> int:
+    """:func:`fold_transposed_gathers` on one graph (an ``If`` branch's too: its outputs count as read)."""
     written = list(graph.node)  # held, so that each node keeps its wrapper (and ``id``) throughout
     producer = {output: node for node in written for output in node.output}
     readers: dict = {}
