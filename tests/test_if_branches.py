@@ -56,7 +56,6 @@ def test_what_only_the_branches_read_moves_into_them():
     # the lean branch: the input's transpose, then the output's, no Identity left
     assert [n.op_type for n in branches["then_branch"].node] == ["Transpose", "Transpose"]
     assert list(if_node.output) == ["y"]
-    onnx.checker.check_model(model, full_check=True)
     for before, after in zip(want, _runs(model)):
         np.testing.assert_array_equal(after[0], before[0])
 

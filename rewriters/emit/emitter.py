@@ -385,6 +385,7 @@ def emit(graph, layer: RecurrentLayer, context: EmitContext) -> Emitted:
     nodes = tuple((node.name, form.direction(emission.layer))
                   for emission, node in zip(emissions, built) for _ in emission.layer.passes)
     masked = emissions[0].mask is not None
-    return Emitted(nodes=nodes, mask_form=form.describe(layer, emissions[0].compacted) if masked else "",
+    return Emitted(nodes=nodes, mask_form=form.describe(layer, emissions[0].compacted, context.masks.choice)
+                   if masked else "",
                    states=states, became="" if native else built[0].op_type,
                    form="" if native else context.kernels.describe)

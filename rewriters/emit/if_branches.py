@@ -14,7 +14,8 @@ optimizers:
 - an ``Identity`` of a tensor made in a branch is bypassed (it copies): its readers read the tensor,
   and a branch output it gave is written by the tensor's producer.
 
-Each change keeps the model's outputs bit for bit: nodes only move to where their readers are.
+Each change keeps the model's outputs bit for bit: nodes only move to where their readers are (and a
+mask's int64 flags are cast from its 0/1 uint8s, not through a bool).
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ def lean_branches(model_proto: onnx.ModelProto) -> int:
     for field in ("node", "input", "output", "value_info"):
         getattr(graph, field).extend(getattr(model_proto.graph, field))
     graph.initializer.extend(onnx.TensorProto(name=t.name) for t in model_proto.graph.initializer)
-    moved = _lean(graph)
+    moved = _flags_from_uint8(graph) + _no_op_casts(graph) + _lean(graph)
     kept = {name for node in graph.node for name in node.output} | {v.name for v in graph.input}
     stale = [value for value in graph.value_info if value.name not in kept]
     for value in stale:
@@ -50,6 +51,54 @@ def lean_branches(model_proto: onnx.ModelProto) -> int:
         del target[:]
         target.extend(getattr(graph, field))
     return moved
+
+
+def _flags_from_uint8(graph: onnx.GraphProto) -> int:
+    """``Cast(Cast(r, bool), int64)`` where ``r = ReduceMax(Cast(b, uint8))`` (tf2onnx's ``Any`` as
+    ``bool_masks`` writes it: 0/1 values) -> ``Cast(r, int64)``: the same values, one Cast fewer, and
+    no Cast chain that onnxruntime's optimizer would try to merge and warn about when an If's branch
+    reads the first Cast. Returns how many."""
+    producer = {name: node for node in graph.node for name in node.output}
+
+    def to(node) -> int:
+        return next((helper.get_attribute_value(a) for a in node.attribute if a.name == "to"), None)
+
+    rewritten = 0
+    for node in graph.node:
+        squash = producer.get(node.input[0]) if node.op_type == "Cast" and to(node) == onnx.TensorProto.INT64 else None
+        reduced = producer.get(squash.input[0]) if squash is not None and squash.op_type == "Cast" and \
+            to(squash) == onnx.TensorProto.BOOL else None
+        flags = producer.get(reduced.input[0]) if reduced is not None and reduced.op_type == "ReduceMax" else None
+        if flags is not None and flags.op_type == "Cast" and to(flags) == onnx.TensorProto.UINT8:
+            node.input[0] = reduced.output[0]
+            rewritten += 1
+    return rewritten
+
+
+def _no_op_casts(graph: onnx.GraphProto) -> int:
+    """A Cast of a graph input to the type it has, read inside an If's branch: its readers read the
+    input (onnxruntime removes such a Cast itself, and warns that it cannot where a branch reads it)."""
+    types = {value.name: value.type.tensor_type.elem_type for value in graph.input}
+    outputs = {value.name for value in graph.output}
+    renamed = {}
+    for node in list(graph.node):
+        to = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "to"), None)
+        if node.op_type == "Cast" and types.get(node.input[0]) == to and node.output[0] not in outputs:
+            renamed[node.output[0]] = node.input[0]
+            graph.node.remove(node)
+    if renamed:
+        _rename_reads(graph, renamed)
+    return len(renamed)
+
+
+def _rename_reads(graph: onnx.GraphProto, renamed: dict) -> None:
+    for node in graph.node:
+        for position, name in enumerate(node.input):
+            if name in renamed:
+                node.input[position] = renamed[name]
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.GRAPH:
+                _rename_reads(attribute.g, renamed)
 
 
 def _lean(graph: onnx.GraphProto) -> int:

@@ -61,10 +61,11 @@ class MaskForm:
             state = emission.mask.op("Where", [emission.mask.nonempty, state, emission.mask.zero])
         return state
 
-    def describe(self, layer: RecurrentLayer, compacted: bool) -> str:
-        """The form ``layer`` (as planned, before :meth:`layers`) took, for the report's mask column."""
+    def describe(self, layer: RecurrentLayer, compacted: bool, choice: Always = ALWAYS) -> str:
+        """The form ``layer`` (as planned, before :meth:`layers`) took, for the report's mask column
+        (``choice``: when its compaction runs)."""
         form = ("sequence_lens: the given lengths" if layer.lengths is not None else
-                "compacted + sequence_lens" if compacted else "sequence_lens (post-padded assumed)")
+                f"{choice.describe(True)} + sequence_lens" if compacted else "sequence_lens (post-padded assumed)")
         return f"{form} ({self.note})" if self.note else form
 
 
@@ -121,7 +122,7 @@ class PortableMask(MaskForm):
         assert role is StateRole.HIDDEN, "a cell state is not in the node's outputs"
         return emission.mask.at_last_kept(emission.per_direction(emission.node_y(node), index, 1))
 
-    def describe(self, layer: RecurrentLayer, compacted: bool) -> str:
+    def describe(self, layer: RecurrentLayer, compacted: bool, choice: Always = ALWAYS) -> str:
         form = ["portable: no sequence_lens", "compacted" if compacted else
                 "steps past each row's length masked" if layer.lengths is not None else "post-padded assumed"]
         if layer.direction is NodeDirection.BIDIRECTIONAL:

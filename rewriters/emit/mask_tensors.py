@@ -24,6 +24,20 @@ from .bool_masks import SWAP, unit_axis_moves
 _PAST_EVERY_RANK = 2 ** 30  # a sort key past every kept step's rank (fits int32, for tract)
 
 
+def _of_flags(graph, mask: str) -> bool:
+    """Whether ``mask`` is a Cast to bool of 0/1 uint8s: tf2onnx's ``Any`` as :mod:`.bool_masks` writes
+    it, ``Cast(ReduceMax(Cast(b, uint8)), bool)`` (read from the uint8s, one Cast fewer; onnxruntime's
+    optimizer would try to merge the two Casts and warn that an If's branch reads the first)."""
+    made = graph.get_node_by_output(mask)
+    if made is None or made.type != "Cast" or made.get_attr_value("to") != TensorProto.BOOL:
+        return False
+    if graph.get_dtype(made.input[0]) == TensorProto.UINT8:
+        return True
+    reduced = graph.get_node_by_output(made.input[0])
+    flags = graph.get_node_by_output(reduced.input[0]) if reduced is not None and reduced.type == "ReduceMax" else None
+    return flags is not None and flags.type == "Cast" and flags.get_attr_value("to") == TensorProto.UINT8
+
+
 def helper_dtype(np_type: np.dtype) -> int:
     return helper.np_dtype_to_tensor_dtype(np.dtype(np_type))
 
@@ -168,9 +182,8 @@ class MaskTensors:
         run-time conditions read, with no transpose. A bool made by a Cast of 0/1 integers (tf2onnx's
         ``Any``, :mod:`.bool_masks`) is read from those."""
         mask, _ = self.laid_out
-        made = self.graph.get_node_by_output(mask)
-        if made is not None and made.type == "Cast" and self.graph.get_dtype(made.input[0]) == TensorProto.UINT8:
-            mask = made.input[0]
+        if _of_flags(self.graph, mask):
+            mask = self.graph.get_node_by_output(mask).input[0]
         return self.op("Cast", [mask], to=TensorProto.INT64)
 
     def op(self, op_type: str, inputs, **attrs) -> str:
