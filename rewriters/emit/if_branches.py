@@ -19,6 +19,7 @@ mask's int64 flags are cast from its 0/1 uint8s, not through a bool).
 """
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 
 import onnx
@@ -26,6 +27,7 @@ from onnx import helper
 
 from .transposed_gathers import fold_graph
 
+logger = logging.getLogger(__name__)
 _BRANCHES = ("then_branch", "else_branch")
 # never moved into a branch: onnxruntime prepacks a recurrent node's weights in the main graph only (an
 # LSTM inside an If ran 8% slower, measured), and a node with subgraphs of its own stays as written
@@ -37,6 +39,16 @@ def lean_branches(model_proto: onnx.ModelProto) -> int:
     changes only once every move is made (on a copy of its nodes; its weights are not copied)."""
     if not any(node.op_type == "If" for node in model_proto.graph.node):
         return 0
+    try:
+        return _lean_copy(model_proto)
+    except Exception as error:  # noqa: BLE001 - the model stays as written, exact
+        logger.warning("the mask's If nodes stay as written: internal error: %s: %s", type(error).__name__, error,
+                       exc_info=True)
+        return 0
+
+
+def _lean_copy(model_proto: onnx.ModelProto) -> int:
+    """:func:`lean_branches` on a copy of the nodes, written back once every move is made."""
     graph = onnx.GraphProto()
     for field in ("node", "input", "output", "value_info"):
         getattr(graph, field).extend(getattr(model_proto.graph, field))
