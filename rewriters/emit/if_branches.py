@@ -6,6 +6,8 @@ around it what only one branch reads (the input's transpose to time-major, shape
 moves the If's output to batch-major order after it. On the written ModelProto, after those
 optimizers:
 
+- a mask's int64 flags are cast from its 0/1 uint8s (not through a bool), and a Cast of a graph input
+  to the type it has is dropped (onnxruntime cannot drop it itself where a branch reads it, and says so);
 - a ``Transpose`` that alone reads an ``If``'s output is moved into both branches (the heavy branch's
   row gather then takes it: :mod:`.transposed_gathers`);
 - a node of the main graph whose outputs only one ``If``'s branches read is moved into the branches
@@ -14,13 +16,14 @@ optimizers:
 - an ``Identity`` of a tensor made in a branch is bypassed (it copies): its readers read the tensor,
   and a branch output it gave is written by the tensor's producer.
 
-Each change keeps the model's outputs bit for bit: nodes only move to where their readers are (and a
-mask's int64 flags are cast from its 0/1 uint8s, not through a bool).
+Each change keeps the model's outputs bit for bit: nodes only move to where their readers are. Every
+step is called by :func:`lean_branches` itself, which works on a copy of the nodes and writes them
+back once every step has run: a failure anywhere leaves the model as written.
 """
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
+from typing import NamedTuple
 
 import onnx
 from onnx import helper
@@ -34,35 +37,82 @@ _BRANCHES = ("then_branch", "else_branch")
 _STAYS = {"LSTM", "GRU", "RNN", "If", "Loop", "Scan"}
 
 
+class _Reads(NamedTuple):
+    """What a graph's nodes read, for one step (nodes are held so that ``id`` names each throughout)."""
+    nodes: list
+    by_node: dict  # id(node) -> the names it reads, directly or inside its subgraphs from outside them
+    nested: dict  # id(node) -> the names its subgraphs read from outside them
+    branches: dict  # id(If node) -> {branch attribute name: (the branch graph, the names it reads from outside)}
+    outside: set  # the names the graph's nodes read from outside the graph
+
+
 def lean_branches(model_proto: onnx.ModelProto) -> int:
-    """Apply the moves above to the main graph's ``If`` nodes; returns how many nodes moved. The model
-    changes only once every move is made (on a copy of its nodes; its weights are not copied)."""
+    """Apply the moves above to the main graph's ``If`` nodes (and those nested in their branches);
+    returns how many nodes moved or changed. The model changes only once every step has run."""
     if not any(node.op_type == "If" for node in model_proto.graph.node):
         return 0
     try:
-        return _lean_copy(model_proto)
+        graph = _nodes_copy(model_proto)
+        changed = _flags_from_uint8(graph) + _no_op_casts(graph)
+        pending, branches = [graph], []
+        while pending:  # top down: what moves into a branch may move on into an If nested there
+            current = pending.pop()
+            changed += _transposes_into_branches(current, _reads(current))
+            changed += _sink_into_branches(current, _reads(current))
+            inner = [branch for sides in _reads(current).branches.values() for branch, _ in sides.values()]
+            branches += inner
+            pending += inner
+        for branch in branches:
+            _outputs_without_identity(branch, _reads(branch))
+            fold_graph(branch)
+        _write_back(model_proto, graph)
+        return changed
     except Exception as error:  # noqa: BLE001 - the model stays as written, exact
         logger.warning("the mask's If nodes stay as written: internal error: %s: %s", type(error).__name__, error,
                        exc_info=True)
         return 0
 
 
-def _lean_copy(model_proto: onnx.ModelProto) -> int:
-    """:func:`lean_branches` on a copy of the nodes, written back once every move is made."""
+def _nodes_copy(model_proto: onnx.ModelProto) -> onnx.GraphProto:
+    """The main graph's nodes, inputs, outputs and value infos, copied (initializers by name only)."""
     graph = onnx.GraphProto()
     for field in ("node", "input", "output", "value_info"):
         getattr(graph, field).extend(getattr(model_proto.graph, field))
     graph.initializer.extend(onnx.TensorProto(name=t.name) for t in model_proto.graph.initializer)
-    moved = _flags_from_uint8(graph) + _no_op_casts(graph) + _lean(graph)
+    return graph
+
+
+def _write_back(model_proto: onnx.ModelProto, graph: onnx.GraphProto) -> None:
+    """``graph``'s nodes into the model, and its value infos but those of names no longer made."""
     kept = {name for node in graph.node for name in node.output} | {v.name for v in graph.input}
-    stale = [value for value in graph.value_info if value.name not in kept]
-    for value in stale:
-        graph.value_info.remove(value)
-    for field in ("node", "value_info"):
-        target = getattr(model_proto.graph, field)
-        del target[:]
-        target.extend(getattr(graph, field))
-    return moved
+    value_info = [value for value in graph.value_info if value.name in kept]
+    del model_proto.graph.node[:]
+    model_proto.graph.node.extend(graph.node)
+    del model_proto.graph.value_info[:]
+    model_proto.graph.value_info.extend(value_info)
+
+
+def _reads(graph: onnx.GraphProto) -> _Reads:
+    """What ``graph``'s nodes read (see :class:`_Reads`)."""
+    nodes = list(graph.node)
+    by_node, nested, branches = {}, {}, {}
+    made = set()
+    for node in nodes:
+        inside = set()
+        for attribute in node.attribute:
+            subgraphs = [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else \
+                list(attribute.graphs) if attribute.type == onnx.AttributeProto.GRAPHS else []
+            for subgraph in subgraphs:
+                outside = _reads(subgraph).outside
+                inside |= outside
+                if node.op_type == "If" and attribute.name in _BRANCHES:
+                    branches.setdefault(id(node), {})[attribute.name] = (subgraph, outside)
+        nested[id(node)] = inside
+        by_node[id(node)] = inside | {name for name in node.input if name}
+        made.update(node.output)
+    read = set().union(*by_node.values()) if by_node else set()
+    local = made | {value.name for value in graph.input} | {tensor.name for tensor in graph.initializer}
+    return _Reads(nodes, by_node, nested, branches, read - local)
 
 
 def _flags_from_uint8(graph: onnx.GraphProto) -> int:
@@ -71,109 +121,58 @@ def _flags_from_uint8(graph: onnx.GraphProto) -> int:
     no Cast chain that onnxruntime's optimizer would try to merge and warn about when an If's branch
     reads the first Cast. Returns how many."""
     producer = {name: node for node in graph.node for name in node.output}
-
-    def to(node) -> int:
-        return next((helper.get_attribute_value(a) for a in node.attribute if a.name == "to"), None)
-
+    casts = {name: node for name, node in producer.items() if node.op_type == "Cast"}
+    to = {id(cast): helper.get_attribute_value(a) for cast in casts.values() for a in cast.attribute if a.name == "to"}
     rewritten = 0
-    for node in graph.node:
-        squash = producer.get(node.input[0]) if node.op_type == "Cast" and to(node) == onnx.TensorProto.INT64 else None
-        reduced = producer.get(squash.input[0]) if squash is not None and squash.op_type == "Cast" and \
-            to(squash) == onnx.TensorProto.BOOL else None
-        flags = producer.get(reduced.input[0]) if reduced is not None and reduced.op_type == "ReduceMax" else None
-        if flags is not None and flags.op_type == "Cast" and to(flags) == onnx.TensorProto.UINT8:
+    for node in casts.values():
+        squash = casts.get(node.input[0])
+        reduced = producer.get(squash.input[0]) if squash is not None else None
+        flags = casts.get(reduced.input[0]) if reduced is not None and reduced.op_type == "ReduceMax" else None
+        if flags is not None and [to.get(id(c)) for c in (node, squash, flags)] == \
+                [onnx.TensorProto.INT64, onnx.TensorProto.BOOL, onnx.TensorProto.UINT8]:
             node.input[0] = reduced.output[0]
             rewritten += 1
     return rewritten
 
 
 def _no_op_casts(graph: onnx.GraphProto) -> int:
-    """A Cast of a graph input to the type it has, read inside an If's branch: its readers read the
-    input (onnxruntime removes such a Cast itself, and warns that it cannot where a branch reads it)."""
+    """A Cast of a graph input to the type it has: its readers, in the graph and in any subgraph, read
+    the input (onnxruntime removes such a Cast itself, and warns that it cannot where a branch reads it).
+    Not one whose output a graph, or a subgraph, gives as an output."""
+    graphs, pending = [], [graph]
+    while pending:
+        current = pending.pop()
+        graphs.append(current)
+        for node in current.node:
+            for attribute in node.attribute:
+                pending += [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else \
+                    list(attribute.graphs) if attribute.type == onnx.AttributeProto.GRAPHS else []
     types = {value.name: value.type.tensor_type.elem_type for value in graph.input}
-    outputs = {value.name for value in graph.output}
+    outputs = {value.name for current in graphs for value in current.output}
     renamed = {}
     for node in list(graph.node):
         to = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "to"), None)
         if node.op_type == "Cast" and types.get(node.input[0]) == to and node.output[0] not in outputs:
             renamed[node.output[0]] = node.input[0]
             graph.node.remove(node)
-    if renamed:
-        _rename_reads(graph, renamed)
+    for node in (node for current in graphs for node in current.node):
+        if any(name in renamed for name in node.input):
+            node.input[:] = [renamed.get(name, name) for name in node.input]
     return len(renamed)
 
 
-def _rename_reads(graph: onnx.GraphProto, renamed: dict) -> None:
-    for node in graph.node:
-        for position, name in enumerate(node.input):
-            if name in renamed:
-                node.input[position] = renamed[name]
-        for attribute in node.attribute:
-            if attribute.type == onnx.AttributeProto.GRAPH:
-                _rename_reads(attribute.g, renamed)
-
-
-def _lean(graph: onnx.GraphProto) -> int:
-    """The moves on ``graph``, then within each branch of its ``If`` nodes (an If nested in a branch too)."""
-    moved = _transposes_into_branches(graph)
-    moved += _sink_into_branches(graph)
-    for node in graph.node:
-        if node.op_type == "If":
-            for branch in _branch_graphs(node).values():
-                moved += _lean(branch)
-                _outputs_without_identity(branch)
-                fold_graph(branch)
-    return moved
-
-
-def _branch_graphs(node: onnx.NodeProto) -> dict:
-    return {attribute.name: attribute.g for attribute in node.attribute if attribute.name in _BRANCHES}
-
-
-def _names_read(graph: onnx.GraphProto) -> set:
-    """Every name ``graph``'s nodes read, those read inside their subgraphs from outside them included."""
-    read, made = set(), set()
-    for node in graph.node:
-        read.update(name for name in node.input if name)
-        made.update(node.output)
-        for attribute in node.attribute:
-            if attribute.type == onnx.AttributeProto.GRAPH:
-                read |= _names_read(attribute.g)
-            elif attribute.type == onnx.AttributeProto.GRAPHS:
-                for sub in attribute.graphs:
-                    read |= _names_read(sub)
-    return read - made - {value.name for value in graph.input} - {t.name for t in graph.initializer}
-
-
-def _readers(graph: onnx.GraphProto) -> dict:
-    """name -> the nodes of ``graph`` that read it, directly or inside their subgraphs."""
-    readers = defaultdict(list)
-    for node in graph.node:
-        names = {name for name in node.input if name}
-        for attribute in node.attribute:
-            if attribute.type == onnx.AttributeProto.GRAPH:
-                names |= _names_read(attribute.g)
-            elif attribute.type == onnx.AttributeProto.GRAPHS:
-                for sub in attribute.graphs:
-                    names |= _names_read(sub)
-        for name in names:
-            readers[name].append(node)
-    return readers
-
-
-def _transposes_into_branches(graph: onnx.GraphProto) -> int:
+def _transposes_into_branches(graph: onnx.GraphProto, reads: _Reads) -> int:
     """Each ``Transpose`` that alone reads an ``If`` output (not a graph output) moves into the branches."""
-    producer = {name: node for node in graph.node for name in node.output}
-    readers = _readers(graph)
+    producer = {name: node for node in reads.nodes for name in node.output}
     outputs = {value.name for value in graph.output}
     moved = []
-    for node in graph.node:
+    for node in reads.nodes:
         source = producer.get(node.input[0]) if node.op_type == "Transpose" and node.input else None
         if source is None or source.op_type != "If" or node.input[0] in outputs \
-                or [id(reader) for reader in readers[node.input[0]]] != [id(node)]:
+                or [id(reader) for reader in reads.nodes if node.input[0] in reads.by_node[id(reader)]] != [id(node)]:
             continue
         position = list(source.output).index(node.input[0])
-        for branch in _branch_graphs(source).values():
+        for branch, _ in reads.branches[id(source)].values():
             inner = branch.output[position].name
             transposed = node.output[0] + "_" + branch.name
             inside = helper.make_node("Transpose", [inner], [transposed], name=node.name + "_" + branch.name)
@@ -190,42 +189,37 @@ def _transposes_into_branches(graph: onnx.GraphProto) -> int:
     return len(moved)
 
 
-def _sink_into_branches(graph: onnx.GraphProto) -> int:
+def _sink_into_branches(graph: onnx.GraphProto, reads: _Reads) -> int:
     """Nodes whose outputs only the branches of one ``If`` read move into those branches (a chain of
     them together, in the main graph's order)."""
     outputs = {value.name for value in graph.output}
-    ifs = [node for node in graph.node if node.op_type == "If"]
-    main_reads = defaultdict(int)  # name -> how many main-graph nodes read it
-    branch_reads = defaultdict(set)  # name -> the (id of an If, branch name) that read it
-    for node in graph.node:
-        if node.op_type == "If":
-            for branch_name, branch in _branch_graphs(node).items():
-                for name in _names_read(branch):
-                    branch_reads[name].add((id(node), branch_name))
-            main_reads[node.input[0]] += 1
+    main_reads = {}  # name -> how many nodes of the graph itself read it (an If's condition included)
+    branch_reads = {}  # name -> the (id of an If, branch name) that read it
+    for node in reads.nodes:
+        sides = reads.branches.get(id(node), {})
+        for branch_name, (_, names) in sides.items():
+            for name in names:
+                branch_reads.setdefault(name, set()).add((id(node), branch_name))
+        for name in (node.input[:1] if sides else reads.by_node[id(node)]):
+            main_reads[name] = main_reads.get(name, 0) + 1
+    sunk = {}  # (id of an If, branch name) -> nodes, latest first
+    for node in reversed(reads.nodes):
+        if node.op_type in _STAYS or reads.nested[id(node)] or any(
+                a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
             continue
-        for name in _names_read_by(node):
-            main_reads[name] += 1
-    by_id = {id(node): node for node in ifs}
-    sunk = defaultdict(list)  # (id of an If, branch name) -> nodes, latest first
-    for node in reversed(list(graph.node)):
-        if node.op_type in _STAYS or any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-                                         for a in node.attribute):
-            continue
-        places = set().union(*(branch_reads[name] for name in node.output)) if node.output else set()
-        if not places or any(main_reads[name] or name in outputs for name in node.output) \
+        places = set().union(*(branch_reads.get(name, set()) for name in node.output)) if node.output else set()
+        if not places or any(main_reads.get(name) or name in outputs for name in node.output) \
                 or len({place[0] for place in places}) != 1:
             continue
-        for name in _names_read_by(node):
-            main_reads[name] -= 1
-            branch_reads[name] |= places
+        for name in reads.by_node[id(node)]:
+            main_reads[name] = main_reads.get(name, 0) - 1
+            branch_reads.setdefault(name, set()).update(places)
         for place in places:
-            sunk[place].append(node)
-    moved = {id(node) for nodes in sunk.values() for node in nodes}
-    if not moved:
+            sunk.setdefault(place, []).append(node)
+    if not sunk:
         return 0
     for (if_id, branch_name), nodes in sunk.items():
-        branch = _branch_graphs(by_id[if_id])[branch_name]
+        branch = reads.branches[if_id][branch_name][0]
         copies = []
         for node in reversed(nodes):  # the main graph's order
             copy = onnx.NodeProto()
@@ -234,45 +228,41 @@ def _sink_into_branches(graph: onnx.GraphProto) -> int:
         existing = list(branch.node)
         del branch.node[:]
         branch.node.extend(copies + existing)
-    kept = [node for node in graph.node if id(node) not in moved]
+    moved = {id(node) for nodes in sunk.values() for node in nodes}
+    kept = [node for node in reads.nodes if id(node) not in moved]
     del graph.node[:]
     graph.node.extend(kept)
     return len(moved)
 
 
-def _names_read_by(node: onnx.NodeProto) -> set:
-    return {name for name in node.input if name}
-
-
-def _outputs_without_identity(branch: onnx.GraphProto) -> None:
+def _outputs_without_identity(branch: onnx.GraphProto, reads: _Reads) -> int:
     """An ``Identity`` of a tensor made in the branch copies it: its readers read the tensor itself, and
-    a branch output it gives is written by the tensor's producer (when nothing else reads the tensor)."""
+    a branch output it gives is written by the tensor's producer (when nothing else reads the tensor).
+    Returns how many were bypassed."""
     outputs = {value.name for value in branch.output}
-    for identity in [node for node in branch.node if node.op_type == "Identity"]:
-        producer = {name: node for node in branch.node for name in node.output}
-        readers = _readers(branch)
-        source = producer.get(identity.input[0])
-        if source is None or identity.input[0] in outputs:
+    producer = {name: node for node in reads.nodes for name in node.output}
+    readers = {}  # name -> the nodes reading it, kept up to date as identities go
+    for node in reads.nodes:
+        for name in reads.by_node[id(node)]:
+            readers.setdefault(name, []).append(node)
+    bypassed = []
+    for identity in [node for node in reads.nodes if node.op_type == "Identity"]:
+        source, tensor, copy = producer.get(identity.input[0]), identity.input[0], identity.output[0]
+        if source is None or tensor in outputs:
             continue
-        if identity.output[0] in outputs:
-            if len(readers[identity.input[0]]) != 1:
+        if copy in outputs:
+            if len(readers.get(tensor, [])) != 1:
                 continue
-            position = list(source.output).index(identity.input[0])
-            source.output[position] = identity.output[0]
+            source.output[list(source.output).index(tensor)] = copy
+            producer[copy] = source
         else:
-            if any(name == identity.output[0] for reader in readers[identity.output[0]]
-                   for name in _names_read(_only_subgraphs(reader))):
+            copy_readers = readers.get(copy, [])
+            if any(copy in reads.nested[id(reader)] for reader in copy_readers):
                 continue  # read inside a nested graph: left as it is
-            for reader in readers[identity.output[0]]:
-                for position, name in enumerate(reader.input):
-                    if name == identity.output[0]:
-                        reader.input[position] = identity.input[0]
+            for reader in copy_readers:
+                reader.input[:] = [tensor if name == copy else name for name in reader.input]
+            readers[tensor] = [node for node in readers.get(tensor, []) if node is not identity] + copy_readers
+        bypassed.append(identity)
+    for identity in bypassed:
         branch.node.remove(identity)
-
-
-def _only_subgraphs(node: onnx.NodeProto) -> onnx.GraphProto:
-    """A graph of the nodes of ``node``'s subgraphs (what they read from outside, for :func:`_names_read`)."""
-    holder = onnx.GraphProto()
-    holder.node.extend(node for attribute in node.attribute if attribute.type == onnx.AttributeProto.GRAPH
-                       for node in attribute.g.node)
-    return holder
+    return len(bypassed)

@@ -168,7 +168,11 @@ class MaskTensors:
 
     @_built_once
     def bool(self) -> str:
-        """[T, B] bool: the mask."""
+        """[T, B] bool: the mask. Cast from :attr:`ints` where they are the flags: a branch of an ``If``
+        then reads the mask in one form, not both a tensor and its Cast (onnxruntime's optimizer warns
+        that it cannot rename the Cast's output in the branch)."""
+        if not self.int32_keys:
+            return self.op("Cast", [self.ints], to=TensorProto.BOOL)
         mask, time_axis = self.laid_out
         if time_axis:
             mask = self.op("Transpose", [mask], perm=[1, 0])
