@@ -1,7 +1,7 @@
 """The mask arithmetic of a masked layer, as written (``rewriters.emit.mask_tensors``): the compaction
-sorts each kept step's rank among its row's kept steps (the restore's own ranks, no second count of
-the steps), int32 keys only in the portable form (tract's TopK), and the mask read from before
-Keras's expansion of it to [B, T, 1] (no Unsqueeze undone by a Squeeze). Exactness for every mask
+scatters each kept step to its rank among its row's kept steps (the restore's own ranks), with no
+sort, and the mask read from before Keras's expansion of it to [B, T, 1] (no Unsqueeze undone by a
+Squeeze). Exactness for every mask
 is the parity tests' (test_parity_masking, test_portable); here a batch of every row kind checks the
 graphs asserted on are right too."""
 from __future__ import annotations
@@ -37,23 +37,25 @@ def _every_row_kind(time: int = 8) -> np.ndarray:
 
 
 @pytest.mark.parametrize("target", [None, "portable"])
-def test_the_compaction_sorts_the_kept_ranks(masked_model, target):
+def test_the_compaction_scatters_the_kept_ranks(masked_model, target):
     from tf2onnx_rnn import convert_keras
 
     proto = convert_keras(masked_model, target=target)
     made_by = {output: node for node in helpers.all_nodes(proto) for output in node.output}
-    (topk,) = helpers.nodes_of_types(proto, ["TopK"])
-    key = made_by[topk.input[0]]
-    if target == "portable":
-        assert key.op_type == "Cast" and helpers.attribute(key, "to") == onnx.TensorProto.INT32
-        key = made_by[key.input[0]]
-    assert key.op_type == "Where", key
-    ranks = made_by[key.input[1]]
+    assert not helpers.nodes_of_types(proto, ["TopK"]), helpers.op_types(proto)
+    (scatter,) = helpers.nodes_of_types(proto, ["ScatterND"])
+    written = made_by[scatter.input[1]]
+    assert written.op_type == "Unsqueeze", written
+    rows = made_by[written.input[0]]
+    assert rows.op_type == "Add" and made_by[rows.input[0]].op_type == "Mul", rows
+    position = made_by[made_by[rows.input[0]].input[0]]
+    assert position.op_type == "Where", position
+    ranks = made_by[position.input[1]]
     assert ranks.op_type == "Sub" and made_by[ranks.input[0]].op_type == "CumSum", ranks
-    # the steps are never counted out: the one Range is the rows' 0 .. B-1; in the default form, one in
-    # each branch that gathers rows (the compaction's and the restore's: neither runs in the other)
+    # the rows' 0 .. B-1 once per graph that gathers rows (in the default form, the compaction's branch
+    # and the restore's: neither runs in the other), and the steps 0 .. T-1 once, for the scatter
     ranges = helpers.nodes_of_types(proto, ["Range"])
-    assert len(ranges) == (1 if target else 2), helpers.op_types(proto)
+    assert len(ranges) == (2 if target else 3), helpers.op_types(proto)
     squeezed = [n for n in proto.graph.node if n.op_type == "Squeeze" and made_by.get(n.input[0]) is not None
                 and made_by[n.input[0]].op_type == "Unsqueeze"]
     assert not squeezed, [n.name for n in squeezed]

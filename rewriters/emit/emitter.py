@@ -163,7 +163,7 @@ class Emission:
             if key not in context.mask_tensors:
                 context.mask_tensors[key] = LengthTensors(graph, context.current(layer.lengths),
                                                           context.current(layer.x), layer.first.dtype,
-                                                          context.masks.int32_keys)
+                                                          context.masks.where_ints)
             self.mask = context.mask_tensors[key]
         elif layer.mask is not None:
             key = layer.mask_key or (context.current(layer.mask),)
@@ -172,7 +172,7 @@ class Emission:
             if key not in context.mask_tensors:
                 mask = context.current(layer.mask)
                 mask = self.reversed_in_time(mask) if layer.reverse_x else mask
-                context.mask_tensors[key] = MaskTensors(graph, mask, layer.first.dtype, context.masks.int32_keys,
+                context.mask_tensors[key] = MaskTensors(graph, mask, layer.first.dtype, context.masks.where_ints,
                                                         context.masks.choice)
             self.mask = context.mask_tensors[key]
         self.compacted = self.mask is not None and context.masks.compacts(layer)

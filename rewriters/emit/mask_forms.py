@@ -172,9 +172,9 @@ class Masks:
         return ALWAYS if isinstance(self.form, PortableMask) else AT_RUN_TIME
 
     @property
-    def int32_keys(self) -> bool:
-        """Whether the compaction sorts int32 keys (the portable form: tract's TopK cannot compare its
-        symbolic size type, which its int64 sizes take); int64 elsewhere, one Cast fewer."""
+    def where_ints(self) -> bool:
+        """Whether the mask's 0/1 ints are made by a Where (the portable form: tract's CumSum cannot add
+        the ints a Cast of its bool gives it, measured); by a Cast elsewhere, a third of a Where's time."""
         return isinstance(self.form, PortableMask)
 
     @property

@@ -21,8 +21,6 @@ from tf2onnx.graph_builder import GraphBuilder
 from ..description import MaskedOutput, NoMatch
 from .bool_masks import SWAP, unit_axis_moves
 
-_PAST_EVERY_RANK = 2 ** 30  # a sort key past every kept step's rank (fits int32, for tract)
-
 
 def _of_flags(graph, mask: str) -> bool:
     """Whether ``mask`` is a Cast to bool of 0/1 uint8s: tf2onnx's ``Any`` as :mod:`.bool_masks` writes
@@ -88,10 +86,10 @@ class MaskTensors:
     ``source``: at step t, the compacted position of the latest kept step up to t.
     """
 
-    def __init__(self, graph, mask: Optional[str], float_type: np.dtype, int32_keys: bool = False,
+    def __init__(self, graph, mask: Optional[str], float_type: np.dtype, where_ints: bool = False,
                  choice: Always = ALWAYS):
         self.graph, self.builder = graph, GraphBuilder(graph)
-        self.int32_keys = int32_keys  # sort keys cast to int32 (the portable target: tract)
+        self.where_ints = where_ints  # the 0/1 ints made by a Where (the portable target: tract's CumSum)
         self.choice = choice if graph.opset >= 12 else ALWAYS  # ArgMax's select_last_index: opset 12
         self.float_type_np = np.dtype(float_type)
         self._cache: dict = {}
@@ -171,7 +169,7 @@ class MaskTensors:
         """[T, B] bool: the mask. Cast from :attr:`ints` where they are the flags: a branch of an ``If``
         then reads the mask in one form, not both a tensor and its Cast (onnxruntime's optimizer warns
         that it cannot rename the Cast's output in the branch)."""
-        if not self.int32_keys:
+        if not self.where_ints:
             return self.op("Cast", [self.ints], to=TensorProto.BOOL)
         mask, time_axis = self.laid_out
         if time_axis:
@@ -199,9 +197,9 @@ class MaskTensors:
     @_built_once
     def ints(self) -> str:
         """[T, B] int64: 1 at kept steps. The :attr:`flags` (a Cast: onnxruntime runs it in a third of a
-        Where's time, measured), but for tract (``int32_keys``) a Where: tract casts to int64 as its
+        Where's time, measured), but for tract (``where_ints``) a Where: tract casts to int64 as its
         symbolic dimension type, which its CumSum cannot add."""
-        if not self.int32_keys:
+        if not self.where_ints:
             flags, time_axis = self.flags, self.laid_out[1]
             return self.op("Transpose", [flags], perm=[1, 0]) if time_axis else flags
         return self.op("Where", [self.bool, self.const(1), self.const(0)])
@@ -222,14 +220,6 @@ class MaskTensors:
         return self.op("Gather", [self.shape, self.const(1)], axis=0)
 
     @_built_once
-    def time_count(self) -> str:
-        """[1]: T, as TopK takes its count (one Shape node from opset 15 on)."""
-        if self.graph.opset >= 15:
-            return self.graph.make_node("Shape", [self.bool], attr={"start": 0, "end": 1}, shapes=[[1]],
-                                        dtypes=[TensorProto.INT64]).output[0]
-        return self.builder.make_unsqueeze({"data": self.time, "axes": [0]})
-
-    @_built_once
     def batch_index(self) -> str:
         """[B]: 0 .. B-1, to turn (step, row) into a row of a [T*B, ...] flattening."""
         return self.op("Range", [self.const(0), self.batch, self.const(1)])
@@ -237,7 +227,7 @@ class MaskTensors:
     @_built_once
     def counts(self) -> str:
         """[B] int64: kept steps per row."""
-        if self.int32_keys:
+        if self.where_ints:
             return self.builder.make_reduce_sum({"data": self.ints, "axes": [0], "keepdims": 0})
         return self.builder.make_reduce_sum({"data": self.flags, "axes": [self.laid_out[1]], "keepdims": 0})
 
@@ -254,8 +244,7 @@ class MaskTensors:
     @_built_once
     def source_rows(self) -> str:
         """[T, B]: ``source`` as rows of a flattened [T*B, H] output (clamped at 0)."""
-        clamped = self.op("Max", [self.source, self.const(0)])
-        return self.op("Add", [self.op("Mul", [clamped, self.batch]), self.batch_index])
+        return self.rows_at(self.op("Max", [self.source, self.const(0)]))
 
     @_built_once
     def steps(self) -> str:
@@ -267,36 +256,42 @@ class MaskTensors:
     def compaction_rows(self) -> str:
         """[T, B]: for compacted position k, the row of the flattened input to read.
 
-        Sorted on each kept step's rank among the row's kept steps (``source`` there, shared with the
-        restore), every other step past them all: the kept steps come first, in order, with keys no
-        two of which are equal (a sort need not be stable). Where the masked steps land does not
-        matter: past each row's kept count the node's outputs are dropped."""
-        key = self.op("Where", [self.bool, self.source, self.const(_PAST_EVERY_RANK)])
-        if self.int32_keys:
-            # tract computes on sizes in its symbolic dimension type, which its TopK cannot compare
-            key = self.op("Cast", [key], to=TensorProto.INT32)
-        order = self.graph.make_node("TopK", [key, self.time_count], attr={"axis": 0, "largest": 0, "sorted": 1},
-                                     output_count=2).output[1]
-        return self.op("Add", [self.op("Mul", [order, self.batch]), self.batch_index])
+        Every step's compacted position, scattered: a kept step goes to its rank among the row's
+        kept steps (``source`` there, shared with the restore), a masked one past them all, in order
+        (the row's count plus its rank among the masked steps, ``t - source - 1``). A row's positions
+        are a permutation of 0 .. T-1, so the scatter writes each once. Where the masked steps land
+        does not matter: past each row's kept count the node's outputs are dropped. (A scatter, not
+        a sort: OpenVINO's TopK alone took 3% of a masked LSTM's time at batch 1, measured. ScatterND
+        on the flattened rows: onnx2torch 1.5.15 has no ScatterElements.)"""
+        masked = self.op("Sub", [self.op("Add", [self.steps, self.last_position]), self.source])
+        position = self.op("Where", [self.bool, self.source, masked])
+        read = self.rows_at(self.steps)  # [T, B]: each step's own row
+        written = self.builder.make_unsqueeze({"data": self.rows_at(position), "axes": [2]})
+        flat = self.op("ScatterND", [self.op("Reshape", [read, self.const([-1])]), written, read])
+        return self.op("Reshape", [flat, self.shape])
+
+    def rows_at(self, position: str) -> str:
+        """[T, B] (or [1, B]) compacted positions -> rows of a flattened [T*B, ...] tensor."""
+        return self.op("Add", [self.op("Mul", [position, self.batch]), self.batch_index])
+
+    @_built_once
+    def last_position(self) -> str:
+        """[1, B]: each row's count less one, the position of its last kept step once compacted."""
+        return self.op("Sub", [self.builder.make_unsqueeze({"data": self.counts, "axes": [0]}), self.const(1)])
 
     @_built_once
     def last_rows(self) -> str:
         """[1, B]: the row of a flattened [T*B, H] output at each row's last compacted kept
         position (count - 1, clamped at 0)."""
-        last = self.op("Max", [self.op("Sub", [self.counts, self.const(1)]), self.const(0)])
-        rows = self.op("Add", [self.op("Mul", [last, self.batch]), self.batch_index])
-        return self.builder.make_unsqueeze({"data": rows, "axes": [0]})
+        return self.rows_at(self.op("Max", [self.last_position, self.const(0)]))
 
     @_built_once
     def reversal_rows(self) -> str:
         """[T, B]: for position k of a row with n kept steps at the front, the row of a flattened
         [T*B, ...] tensor to read so that the kept steps come in reverse: n-1-k for k < n, k after.
         Reversing twice is the identity. (ReverseSequence does the same; tract has no ReverseSequence.)"""
-        batch = self.batch
-        counts = self.builder.make_unsqueeze({"data": self.counts, "axes": [0]})
-        flipped = self.op("Sub", [self.op("Sub", [counts, self.const(1)]), self.steps])
-        position = self.op("Where", [self.op("Less", [self.steps, counts]), flipped, self.steps])
-        return self.op("Add", [self.op("Mul", [position, batch]), self.batch_index])
+        flipped = self.op("Sub", [self.last_position, self.steps])
+        return self.rows_at(self.op("Where", [self.op("Less", [flipped, self.const(0)]), self.steps, flipped]))
 
     @_built_once
     def reversed_compaction_rows(self) -> str:
@@ -369,8 +364,7 @@ class MaskTensors:
     def following_rows(self) -> str:
         """[T, B]: ``following`` as rows of a flattened [T*B, H] output (clamped at T - 1)."""
         last = self.op("Sub", [self.time, self.const(1)])
-        clamped = self.op("Min", [self.following, last])
-        return self.op("Add", [self.op("Mul", [clamped, self.batch]), self.batch_index])
+        return self.rows_at(self.op("Min", [self.following, last]))
 
     @_built_once
     def ahead(self) -> str:
@@ -423,8 +417,8 @@ class LengthTensors(MaskTensors):
     row's length kept, those from it on masked. Its counts are the lengths themselves, and the mask is
     built only where a form asks for it."""
 
-    def __init__(self, graph, lengths: str, x: str, float_type: np.dtype, int32_keys: bool = False):
-        super().__init__(graph, None, float_type, int32_keys)
+    def __init__(self, graph, lengths: str, x: str, float_type: np.dtype, where_ints: bool = False):
+        super().__init__(graph, None, float_type, where_ints)
         self._lengths, self._x = lengths, x
 
     @_built_once
