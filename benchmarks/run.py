@@ -13,7 +13,8 @@ TensorFlow's ``tf.function``; for masked cases also the ``assume_post_padded`` o
 portable target; for SimpleRNN also the onnxruntime target's form, input MatMul + Scan, against
 a hand-built floor of that form; and, when OpenVINO is installed, ours, minimal and stock in OpenVINO's CPU
 plugin) are timed in one process, interleaved round by round, onnxruntime, OpenVINO and
-TensorFlow each on one thread. Reported: medians and the ratios ours/minimal and stock/ours.
+TensorFlow each on one thread. Reported: medians, and the ratios ours/minimal and stock/ours as the
+median of each round's ratio (the two ran back to back in it).
 Conversion time and peak memory are measured in child processes, one conversion each.
 
 OpenVINO compiles with f32 inference precision (its CPU plugin would compute in bf16 on CPUs
@@ -317,7 +318,9 @@ def time_case(case: Case, rounds: int, block: float) -> dict:
         for name, run in runners.items():
             samples[name].append(_time_block(run, block))
     medians = {name: statistics.median(values) * 1e3 for name, values in samples.items()}
-    return {"case": case.name, **asdict(case), "ms": medians, "ours_ops": count_ops(ours),
+    return {"case": case.name, **asdict(case), "ms": medians,
+            "rounds_ms": {name: [value * 1e3 for value in values] for name, values in samples.items()},
+            "ours_ops": count_ops(ours),
             "stock_ops": count_ops(stock), "portable_ops": count_ops(portable), "max_abs_error": errors,
             "openvino_failures": openvino_failures}
 
@@ -373,8 +376,15 @@ def machine_info() -> dict:
     return info
 
 
-def ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
-    return None if a is None or b is None else a / b
+def ratio(row: dict, a: str, b: str) -> Optional[float]:
+    """Runner ``a``'s time over ``b``'s in a case: the median of the per-round ratios (the two ran
+    back to back in each round, so a slow spell of the machine weighs on both), or, for results
+    without rounds, the ratio of the medians."""
+    rounds = row.get("rounds_ms", {})
+    if a in rounds and b in rounds:
+        return statistics.median(x / y for x, y in zip(rounds[a], rounds[b]))
+    ms = row["ms"]
+    return None if a not in ms or b not in ms else ms[a] / ms[b]
 
 
 def table(results: Results) -> str:
@@ -387,9 +397,9 @@ def table(results: Results) -> str:
                                                                                   "tensorflow")]
         for key, floor in (("ours", "minimal"), ("ours", "minimal_lengths"), ("ours_post", "minimal"),
                            ("portable", "minimal")):
-            over_minimal = ratio(ms.get(key), ms.get(floor))
+            over_minimal = ratio(row, key, floor)
             cells.append(f"{over_minimal:.2f}" if over_minimal else "-")
-        cells.append(f"{ratio(ms['stock'], ms['ours']):.2f}")
+        cells.append(f"{ratio(row, 'stock', 'ours'):.2f}")
         stock_kind = "Loop" if row["stock_ops"]["loops"] else "native"
         cells.append(f"{row['ours_ops']['nodes']}/{row['stock_ops']['nodes']} ({stock_kind})")
         lines.append("| " + " | ".join(cells) + " |")
@@ -403,8 +413,8 @@ def table(results: Results) -> str:
             ms = row["ms"]
             if "ours_ort" not in ms:
                 continue
-            ratios = (ratio(ms["ours"], ms.get("minimal")), ratio(ms["ours_ort"], ms.get("minimal_scan")),
-                      ratio(ms["stock"], ms["ours"]), ratio(ms["stock"], ms["ours_ort"]))
+            ratios = (ratio(row, "ours", "minimal"), ratio(row, "ours_ort", "minimal_scan"),
+                      ratio(row, "stock", "ours"), ratio(row, "stock", "ours_ort"))
             lines.append("| " + " | ".join([row["case"], f"{ms['ours']:.3f}", f"{ms['ours_ort']:.3f}",
                                              f"{ms['stock']:.3f}"] + [f"{r:.2f}" if r else "-" for r in ratios]) + " |")
     if any("ours_ov" in row["ms"] for row in results.cases):
@@ -414,8 +424,7 @@ def table(results: Results) -> str:
         for row in results.cases:
             ms, failed = row["ms"], row.get("openvino_failures", {})
             stock = f"{ms['stock_ov']:.3f}" if "stock_ov" in ms else ("does not load" if "stock_ov" in failed else "-")
-            over_minimal, stock_over = ratio(ms.get("ours_ov"), ms.get("minimal_ov")), ratio(ms.get("stock_ov"),
-                                                                                               ms.get("ours_ov"))
+            over_minimal, stock_over = ratio(row, "ours_ov", "minimal_ov"), ratio(row, "stock_ov", "ours_ov")
             error = row["max_abs_error"].get("ours_ov")
             lines.append("| " + " | ".join([
                 row["case"], f"{ms['ours_ov']:.3f}" if "ours_ov" in ms else failed.get("ours_ov", "-"),
@@ -468,7 +477,7 @@ def write(results: Results, out: str) -> None:
             ms = row["ms"]
             writer.writerow([row["case"], ms["ours"], ms.get("ours_post", ""), ms.get("portable", ""),
                              ms.get("minimal", ""), ms["stock"], ms["tensorflow"],
-                             ratio(ms["ours"], ms.get("minimal")) or "", ratio(ms["stock"], ms["ours"]),
+                             ratio(row, "ours", "minimal") or "", ratio(row, "stock", "ours"),
                              row["ours_ops"]["nodes"], row["stock_ops"]["nodes"], row["stock_ops"]["loops"],
                              ms.get("ours_ov", ""), ms.get("minimal_ov", ""), ms.get("stock_ov", ""),
                              ms.get("ours_ort", ""), ms.get("minimal_scan", ""), ms.get("minimal_lengths", "")])

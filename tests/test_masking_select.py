@@ -113,11 +113,21 @@ def converted(flavor: str, case: SelectCase):
     return _CONVERTED[(flavor, case)]
 
 
-def read_from(graph, tensor: str):
-    """(the tensor a node's input is moved from, the node making it, or None for a graph input)."""
-    producers = {out: node for node in graph.node for out in node.output}
+def read_from(graph, tensor: str, outer: dict = None):
+    """(the tensor a node's input is moved from, the node making it, or None for a graph input). An
+    ``If`` (the mask's choice of compaction at run time) moves what every branch moves: each branch's
+    output is followed in it, and names from outside it in the graphs around it."""
+    producers = dict(outer or {})
+    producers.update({out: node for node in graph.node for out in node.output})
     node = producers.get(tensor)
-    while node is not None and node.op_type in MOVES:
+    while node is not None and (node.op_type in MOVES or node.op_type == "If"):
+        if node.op_type == "If":
+            position = list(node.output).index(tensor)
+            ends = [read_from(a.g, a.g.output[position].name, producers) for a in node.attribute
+                    if a.name in ("then_branch", "else_branch")]
+            if len({(end, maker.name if maker is not None else None) for end, maker in ends}) != 1:
+                return tensor, node
+            return ends[0]
         tensor = node.input[0]
         node = producers.get(tensor)
     return tensor, node

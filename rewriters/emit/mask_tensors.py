@@ -265,9 +265,10 @@ class MaskTensors:
         on the flattened rows: onnx2torch 1.5.15 has no ScatterElements.)"""
         masked = self.op("Sub", [self.op("Add", [self.steps, self.last_position]), self.source])
         position = self.op("Where", [self.bool, self.source, masked])
-        read = self.rows_at(self.steps)  # [T, B]: each step's own row
+        # what is written over: any [T*B] tensor that nothing else reads (OpenVINO copies one it shares)
+        canvas = self.op("Range", [self.const(0), self.op("Mul", [self.time, self.batch]), self.const(1)])
         written = self.builder.make_unsqueeze({"data": self.rows_at(position), "axes": [2]})
-        flat = self.op("ScatterND", [self.op("Reshape", [read, self.const([-1])]), written, read])
+        flat = self.op("ScatterND", [canvas, written, self.rows_at(self.steps)])
         return self.op("Reshape", [flat, self.shape])
 
     def rows_at(self, position: str) -> str:

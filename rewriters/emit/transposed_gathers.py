@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 
 import onnx
+import onnx.numpy_helper
 from onnx import helper
 
 logger = logging.getLogger(__name__)
@@ -29,7 +30,10 @@ def fold_transposed_gathers(model_proto: onnx.ModelProto) -> int:
 
 
 def fold_graph(graph: onnx.GraphProto) -> int:
-    """:func:`fold_transposed_gathers` on one graph (an ``If`` branch's too: its outputs count as read)."""
+    """:func:`fold_transposed_gathers` on one graph (an ``If`` branch's too: its outputs count as read).
+    A ``Where`` between the gather and the transpose, selecting on a mask unsqueezed at axis 2 against
+    a scalar (the restore of the portable and training forms), moves with it: its mask is transposed
+    instead (bools, one per step and row) and the outputs still take one pass fewer."""
     written = list(graph.node)  # held, so that each node keeps its wrapper (and ``id``) throughout
     producer = {output: node for node in written for output in node.output}
     readers: dict = {}
@@ -38,35 +42,60 @@ def fold_graph(graph: onnx.GraphProto) -> int:
             readers[name] = readers.get(name, 0) + 1
     graph_outputs = {value.name for value in graph.output}
     attributes = {id(node): {a.name: helper.get_attribute_value(a) for a in node.attribute} for node in written}
-    folded = {}  # id(transpose) -> the gather it becomes
+    scalars = {tensor.name for tensor in graph.initializer if not tensor.dims} | {
+        node.output[0] for node in written if node.op_type == "Constant" and "value" in attributes[id(node)]
+        and not attributes[id(node)]["value"].dims}
+    constant_ints = {tensor.name: list(onnx.numpy_helper.to_array(tensor)) for tensor in graph.initializer
+                     if tensor.data_type == onnx.TensorProto.INT64 and len(tensor.dims) == 1 and tensor.dims[0] <= 4}
+
+    def read_once(name: str) -> bool:
+        return readers.get(name) == 1 and name not in graph_outputs
+
+    def unsqueezed_at_2(name: str) -> bool:
+        node = producer.get(name)
+        if node is None or node.op_type != "Unsqueeze":
+            return False
+        axes = attributes[id(node)].get("axes") or (constant_ints.get(node.input[1]) if len(node.input) > 1 else None)
+        return axes is not None and [int(axis) for axis in axes] == [2]
+
+    folded = {}  # id(transpose) -> (the gather it becomes, the Where between them or None)
     for node in written:
         if node.op_type != "Transpose" or attributes[id(node)].get("perm") != [1, 0, 2]:
             continue
-        gather = producer.get(node.input[0])
+        source, where = producer.get(node.input[0]), None
+        if source is not None and source.op_type == "Where" and read_once(source.output[0]) \
+                and source.input[2] in scalars and unsqueezed_at_2(source.input[0]):
+            source, where = producer.get(source.input[1]), source
+        gather = source
         if gather is None or gather.op_type != "Gather" or attributes[id(gather)].get("axis", 0) != 0 \
-                or readers.get(gather.output[0]) != 1 or gather.output[0] in graph_outputs:
+                or not read_once(gather.output[0]):
             continue
         data = producer.get(gather.input[0])
         if data is None or data.op_type != "Flatten":
             continue
-        folded[id(node)] = gather
+        folded[id(node)] = (gather, where)
     if not folded:
         return 0
-    gathers = {id(gather) for gather in folded.values()}
+    moved = {id(part) for pair in folded.values() for part in pair if part is not None}
     nodes = []
     for node in written:
-        if id(node) in gathers:
+        if id(node) in moved:
             continue  # written where its transpose was: its index's transpose is built there too
-        gather = folded.get(id(node))
-        if gather is None:
+        if id(node) not in folded:
             nodes.append(node)
             continue
+        gather, where = folded[id(node)]
         index = gather.output[0] + "_rows_batch_major"
         nodes.append(helper.make_node("Transpose", [gather.input[1]], [index], perm=[1, 0],
                                       name=gather.name + "_rows_batch_major"))
-        nodes.append(helper.make_node("Gather", [gather.input[0], index], list(node.output), axis=0,
-                                      name=gather.name))
+        gathered = list(node.output) if where is None else [gather.output[0] + "_batch_major"]
+        nodes.append(helper.make_node("Gather", [gather.input[0], index], gathered, axis=0, name=gather.name))
+        if where is not None:
+            mask = where.input[0] + "_batch_major"
+            nodes.append(helper.make_node("Transpose", [where.input[0]], [mask], perm=[1, 0, 2],
+                                          name=where.name + "_mask_batch_major"))
+            nodes.append(helper.make_node("Where", [mask, gathered[0], where.input[2]], list(node.output),
+                                          name=where.name))
     del graph.node[:]
     graph.node.extend(nodes)
     return len(folded)
-
