@@ -20,16 +20,20 @@ def _branch(name: str, nodes: list, output: str) -> onnx.GraphProto:
     return helper.make_graph(nodes, name, [], [helper.make_tensor_value_info(output, TensorProto.FLOAT, None)])
 
 
-def _model(shared_reader: bool = False) -> onnx.ModelProto:
+def _model(shared_reader: bool = False, unread: bool = False) -> onnx.ModelProto:
     """x [B, T, F] -> Transpose (time-major) read by both branches of an If on ``c``: then passes it
     through an Identity, else negates it; the If's output is transposed back to batch-major. With
-    ``shared_reader`` the main graph reads the time-major tensor too (a second output)."""
+    ``shared_reader`` the main graph reads the time-major tensor too (a second output); with
+    ``unread``, a chain of two nodes nothing reads (an Abs of x, a Neg of it)."""
     then = _branch("then", [helper.make_node("Identity", ["x_tm"], ["then_out"])], "then_out")
     other = _branch("else", [helper.make_node("Neg", ["x_tm"], ["else_out"])], "else_out")
     nodes = [helper.make_node("Transpose", ["x"], ["x_tm"], perm=[1, 0, 2], name="to_time_major"),
              helper.make_node("If", ["c"], ["chosen"], then_branch=then, else_branch=other, name="if"),
              helper.make_node("Transpose", ["chosen"], ["y"], perm=[1, 0, 2], name="to_batch_major")]
     outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
+    if unread:
+        nodes[1:1] = [helper.make_node("Abs", ["x"], ["unread_abs"]),
+                      helper.make_node("Neg", ["unread_abs"], ["unread"])]
     if shared_reader:
         nodes.append(helper.make_node("Abs", ["x_tm"], ["z"]))
         outputs.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, None))
@@ -56,6 +60,15 @@ def test_what_only_the_branches_read_moves_into_them():
     # the lean branch: the input's transpose, then the output's, no Identity left
     assert [n.op_type for n in branches["then_branch"].node] == ["Transpose", "Transpose"]
     assert list(if_node.output) == ["y"]
+    for before, after in zip(want, _runs(model)):
+        np.testing.assert_array_equal(after[0], before[0])
+
+
+def test_nodes_nothing_reads_are_dropped():
+    model = _model(unread=True)
+    want = _runs(model)
+    assert lean_branches(model) == 4  # the two transposes, and the unread chain
+    assert [n.op_type for n in model.graph.node] == ["If"]
     for before, after in zip(want, _runs(model)):
         np.testing.assert_array_equal(after[0], before[0])
 

@@ -14,7 +14,8 @@ optimizers:
   that read it, so that the other never pays for it (not a recurrent node: onnxruntime prepacks
   weights in the main graph only);
 - an ``Identity`` of a tensor made in a branch is bypassed (it copies): its readers read the tensor,
-  and a branch output it gave is written by the tensor's producer.
+  and a branch output it gave is written by the tensor's producer;
+- a node of the main graph that nothing reads any more is dropped.
 
 Each change keeps the model's outputs bit for bit: nodes only move to where their readers are. Every
 step is called by :func:`lean_branches` itself, which works on a copy of the nodes and writes them
@@ -65,6 +66,7 @@ def lean_branches(model_proto: onnx.ModelProto) -> int:
         for branch in branches:
             _outputs_without_identity(branch, _reads(branch))
             fold_graph(branch)
+        changed += _unread_nodes(graph, _reads(graph))
         _write_back(model_proto, graph)
         return changed
     except Exception as error:  # noqa: BLE001 - the model stays as written, exact
@@ -233,6 +235,28 @@ def _sink_into_branches(graph: onnx.GraphProto, reads: _Reads) -> int:
     del graph.node[:]
     graph.node.extend(kept)
     return len(moved)
+
+
+def _unread_nodes(graph: onnx.GraphProto, reads: _Reads) -> int:
+    """Drop the main graph's nodes that nothing reads (no node, no branch, no graph output), and then
+    those only they read: a mask's bool that the branches now take from its 0/1 ints (the Cast
+    tf2onnx wrote for ``Any``). Returns how many."""
+    outputs = {value.name for value in graph.output}
+    readers = {}  # name -> how many nodes read it, directly or inside their subgraphs
+    for node in reads.nodes:
+        for name in reads.by_node[id(node)]:
+            readers[name] = readers.get(name, 0) + 1
+    dropped = set()
+    for node in reversed(reads.nodes):  # a reader comes after what it reads
+        if node.output and not any(readers.get(name) or name in outputs for name in node.output):
+            dropped.add(id(node))
+            for name in reads.by_node[id(node)]:
+                readers[name] -= 1
+    if dropped:
+        kept = [node for node in reads.nodes if id(node) not in dropped]
+        del graph.node[:]
+        graph.node.extend(kept)
+    return len(dropped)
 
 
 def _outputs_without_identity(branch: onnx.GraphProto, reads: _Reads) -> int:
