@@ -53,9 +53,9 @@ def test_the_compaction_scatters_the_kept_ranks(masked_model, target):
     ranks = made_by[position.input[1]]
     assert ranks.op_type == "Sub" and made_by[ranks.input[0]].op_type == "CumSum", ranks
     # the rows' 0 .. B-1 once per graph that gathers rows (in the default form, the compaction's branch
-    # and the restore's: neither runs in the other), and the steps 0 .. T-1 once, for the scatter
+    # and the restore's: neither runs in the other); the steps 0 .. T-1 and the scatter's canvas once
     ranges = helpers.nodes_of_types(proto, ["Range"])
-    assert len(ranges) == (2 if target else 3), helpers.op_types(proto)
+    assert len(ranges) == (3 if target else 4), helpers.op_types(proto)
     squeezed = [n for n in proto.graph.node if n.op_type == "Squeeze" and made_by.get(n.input[0]) is not None
                 and made_by[n.input[0]].op_type == "Unsqueeze"]
     assert not squeezed, [n.name for n in squeezed]

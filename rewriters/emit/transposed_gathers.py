@@ -77,7 +77,7 @@ def fold_graph(graph: onnx.GraphProto) -> int:
     if not folded:
         return 0
     moved = {id(part) for pair in folded.values() for part in pair if part is not None}
-    nodes = []
+    nodes, masks = [], {}  # masks: each Where's mask transposed once, however many read it
     for node in written:
         if id(node) in moved:
             continue  # written where its transpose was: its index's transpose is built there too
@@ -91,10 +91,12 @@ def fold_graph(graph: onnx.GraphProto) -> int:
         gathered = list(node.output) if where is None else [gather.output[0] + "_batch_major"]
         nodes.append(helper.make_node("Gather", [gather.input[0], index], gathered, axis=0, name=gather.name))
         if where is not None:
-            mask = where.input[0] + "_batch_major"
-            nodes.append(helper.make_node("Transpose", [where.input[0]], [mask], perm=[1, 0, 2],
-                                          name=where.name + "_mask_batch_major"))
-            nodes.append(helper.make_node("Where", [mask, gathered[0], where.input[2]], list(node.output),
+            mask = where.input[0]
+            if mask not in masks:
+                masks[mask] = mask + "_batch_major"
+                nodes.append(helper.make_node("Transpose", [mask], [masks[mask]], perm=[1, 0, 2],
+                                              name=where.name + "_mask_batch_major"))
+            nodes.append(helper.make_node("Where", [masks[mask], gathered[0], where.input[2]], list(node.output),
                                           name=where.name))
     del graph.node[:]
     graph.node.extend(nodes)
