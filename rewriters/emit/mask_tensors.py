@@ -141,8 +141,10 @@ class MaskTensors:
     def post_padded(self) -> str:
         """The bool scalar: every row's kept steps come first (full rows too), so that compaction is the
         identity. A row's last kept step is its count less one exactly then (ArgMax's last index; a
-        row with none reads T - 1 and takes the heavy branch)."""
-        last = self.op("ArgMax", [self.flags], axis=self.laid_out[1], keepdims=0, select_last_index=1)
+        row with none reads T - 1 and takes the heavy branch). ArgMax over int32: onnxruntime before
+        1.20 has no int64 ArgMax."""
+        flags = self.op("Cast", [self.flags], to=TensorProto.INT32)
+        last = self.op("ArgMax", [flags], axis=self.laid_out[1], keepdims=0, select_last_index=1)
         gap = self.op("ReduceMax", [self.op("Sub", [last, self.counts])], keepdims=0)
         return self.op("Less", [gap, self.const(0)])
 
