@@ -36,10 +36,6 @@ def _of_flags(graph, mask: str) -> bool:
     return flags is not None and flags.type == "Cast" and flags.get_attr_value("to") == TensorProto.UINT8
 
 
-def helper_dtype(np_type: np.dtype) -> int:
-    return helper.np_dtype_to_tensor_dtype(np.dtype(np_type))
-
-
 class Always:
     """Compaction and restore in every run: what consumers without ``If`` (tract, onnx2torch) need.
     The portable and training forms take it."""
@@ -106,7 +102,7 @@ class MaskTensors:
         """An ``If`` on the bool scalar ``condition``: ``lean(tensors)`` builds the then-branch's output,
         ``heavy(tensors)`` the else-branch's, each with this mask's tensors for its branch. Both give the
         layer's float type at the same rank."""
-        dtype = helper_dtype(self.float_type_np)
+        dtype = helper.np_dtype_to_tensor_dtype(self.float_type_np)
         branches, rank = {}, None
         for attribute, build in (("then_branch", lean), ("else_branch", heavy)):
             branch = self.graph.create_new_graph_with_same_config()
@@ -439,6 +435,11 @@ class LengthTensors(MaskTensors):
     @_built_once
     def lengths(self) -> str:
         return self.op("Cast", [self._lengths], to=TensorProto.INT32)
+
+    @_built_once
+    def laid_out(self) -> tuple:
+        """(:attr:`bool`, 0): the mask is made time-major, from the lengths (its flags are its Cast)."""
+        return self.bool, 0
 
     @_built_once
     def bool(self) -> str:
