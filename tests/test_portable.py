@@ -305,16 +305,16 @@ def test_portable_is_a_known_target():
 
 def test_tf2onnx_gets_its_own_targets_only(monkeypatch):
     """``portable`` is this package's: tf2onnx is handed the other targets, as given."""
-    import tf2onnx.convert
+    import tf2onnx.tfonnx
 
     seen = []
-    convert_common = tf2onnx.convert._convert_common
+    process_tf_graph = tf2onnx.tfonnx.process_tf_graph
 
     def spy(*args, **kwargs):
         seen.append(kwargs.get("target"))
-        return convert_common(*args, **kwargs)
+        return process_tf_graph(*args, **kwargs)
 
-    monkeypatch.setattr(tf2onnx.convert, "_convert_common", spy)
+    monkeypatch.setattr(tf2onnx.tfonnx, "process_tf_graph", spy)
     K = parity.keras_module(parity.FLAVORS[0])
     x = K.Input((None, 3), name="x")
     model = K.Model(x, K.layers.GRU(2)(K.layers.Masking(0.0)(x)))

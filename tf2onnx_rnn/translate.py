@@ -7,8 +7,10 @@ refused before anything is converted.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
+import os
 import warnings
 from typing import Sequence
 
@@ -38,14 +40,9 @@ def to_onnx(frozen: Frozen, options: Options) -> tuple:
 
     with tf.device("/cpu:0"):
         try:
-            if options.large_model:
-                model_proto = _convert_large(frozen.graph_def, **kwargs)
-            else:
-                from tf2onnx import convert as tf2onnx_convert
-
-                with warnings.catch_warnings():  # its TFLite reader builds TensorFlow's deprecated interpreter
-                    warnings.filterwarnings("ignore", message=".*tf.lite.Interpreter is deprecated")
-                    model_proto, _ = tf2onnx_convert._convert_common(frozen.graph_def, **kwargs)  # tf2onnx's road
+            with warnings.catch_warnings():  # its TFLite reader builds TensorFlow's deprecated interpreter
+                warnings.filterwarnings("ignore", message=".*tf.lite.Interpreter is deprecated")
+                model_proto = _tf2onnx_conversion(frozen.graph_def, large_model=options.large_model, **kwargs)
         except ConversionError:
             raise
         except Exception as error:  # tf2onnx's own failure on this graph (say, a type its onnx cannot hold)
@@ -178,18 +175,18 @@ def _tf2onnx_arguments(frozen: Frozen, options: Options) -> tuple:
     return kwargs, nchw
 
 
-def _convert_large(graph_def, name: str, custom_ops=None, custom_op_handlers=None, optimizers=None,
-                   **kwargs) -> onnx.ModelProto:
-    """tf2onnx's conversion of a large frozen graph: the steps of its ``_convert_common`` with
-    ``large_model``, every tensor kept in the returned model proto.
+def _tf2onnx_conversion(graph_def, name: str, large_model: bool = False, custom_ops=None, custom_op_handlers=None,
+                        optimizers=None, **kwargs) -> onnx.ModelProto:
+    """tf2onnx's conversion of a frozen graph (or of the TFLite file in ``kwargs``): the steps of its
+    ``_convert_common``, every tensor kept in the returned model proto, and its optimizers run as
+    :func:`_optimized` runs them.
 
-    As in tf2onnx, the graph's big constants are taken out before TensorFlow imports it (a graph
-    def over 2 GB cannot be imported) and handed to tf2onnx beside it. tf2onnx's external tensor
-    storage is not used: tf2onnx 1.17 fails in it under numpy 2, and ``output.save_model`` writes
-    the external data file itself.
+    A ``large_model`` graph's big constants are taken out before TensorFlow imports it (a graph def
+    over 2 GB cannot be imported) and handed to tf2onnx beside it, as tf2onnx does. tf2onnx's external
+    tensor storage is not used: tf2onnx 1.17 fails in it under numpy 2, and ``output.save_model``
+    writes the external data file itself.
     """
     import tensorflow as tf
-    from tf2onnx import optimizer
     from tf2onnx.convert import make_default_custom_op_handler
     from tf2onnx.tf_utils import compress_graph_def
     from tf2onnx.tfonnx import process_tf_graph
@@ -199,13 +196,34 @@ def _convert_large(graph_def, name: str, custom_ops=None, custom_op_handlers=Non
         custom_op_handlers.update({op: (make_default_custom_op_handler(domain), [])
                                    for op, domain in custom_ops.items()})
     with tf.Graph().as_default() as tf_graph:
-        const_node_values = compress_graph_def(graph_def)
-        tf.import_graph_def(graph_def, name="")
+        const_node_values = compress_graph_def(graph_def) if large_model else None
+        if not kwargs.get("tflite_path") and not kwargs.get("tfjs_path"):
+            tf.import_graph_def(graph_def, name="")
         graph = process_tf_graph(tf_graph, const_node_values=const_node_values,
                                  custom_op_handlers=custom_op_handlers, **kwargs)
-        # as tf2onnx for large models: an optimizer failure is raised, not undone on a copy of the graph
-        onnx_graph = optimizer.optimize_graph(graph, catch_errors=False, optimizers=optimizers)
-        return onnx_graph.make_model(f"converted from {name}")
+        caught = os.environ.get(CATCH_ERRORS, str(not large_model)).upper() == "TRUE"
+        return _optimized(graph, optimizers, caught).make_model(f"converted from {name}")
+
+
+CATCH_ERRORS = "TF2ONNX_CATCH_ERRORS"  # tf2onnx's switch: "FALSE" raises an optimizer's failure
+
+
+def _optimized(graph, optimizers, caught: bool):
+    """``graph`` after tf2onnx's optimizers. Caught, a failing optimizer is skipped, as tf2onnx skips it;
+    but where tf2onnx deep-copies the graph before every optimizer on every pass (three dozen copies of
+    every node and weight, most of a small model's conversion time), the graph is copied once here,
+    the optimizers run on it uncaught, and only if one of them fails do they run again, tf2onnx's way,
+    from that copy. Either way the graph is the one tf2onnx's optimizers make. Not caught (a large
+    model, as tf2onnx does for one), a failure is raised."""
+    from tf2onnx import optimizer
+
+    if not caught:
+        return optimizer.optimize_graph(graph, catch_errors=False, optimizers=optimizers)
+    untouched = copy.deepcopy(graph)
+    try:
+        return optimizer.optimize_graph(graph, catch_errors=False, optimizers=optimizers)
+    except Exception:  # noqa: BLE001 - tf2onnx's way from the copy: the failing optimizer is skipped, logged
+        return optimizer.optimize_graph(untouched, catch_errors=True, optimizers=optimizers)
 
 
 def _io_ranks(model_proto: onnx.ModelProto) -> dict:
