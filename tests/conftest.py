@@ -24,6 +24,14 @@ if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 
 
+def pytest_report_header(config):
+    """Which Keras flavors the parametrized tests run (``TF2ONNX_RNN_TEST_FLAVORS`` narrows them)."""
+    import parity
+
+    narrowed = " (narrowed by TF2ONNX_RNN_TEST_FLAVORS)" if os.environ.get("TF2ONNX_RNN_TEST_FLAVORS") else ""
+    return f"Keras flavors: {', '.join(parity.FLAVORS)}{narrowed}"
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests of one module given the same parameters run in one xdist worker (``--dist loadgroup``,
     pyproject.toml): they share the conversion cached per process (``parity.converted``), which two
