@@ -1,6 +1,8 @@
 """The written model's If nodes made lean (``rewriters.emit.if_branches``), on hand-built graphs: what
 only one branch reads moves into it, a Transpose of an If's output moves into both branches, a branch
-output passed through an Identity is made by its producer, a recurrent node never moves; the outputs
+output passed through an Identity is made by its producer, a recurrent node never moves, a
+Bidirectional's halves chosen by Ifs on one condition meet in one If whose lean branch transposes the
+node's output once; the outputs
 stay the same bit for bit for either branch. The masked layers built this way are the parity tests'
 (test_parity_masking runs every converted model on batches that take each branch)."""
 from __future__ import annotations
@@ -116,3 +118,79 @@ def test_a_model_without_if_is_left_as_it_is(shared_reader):
     before = model.SerializeToString()
     assert lean_branches(model) == 0
     assert model.SerializeToString() == before
+
+
+H = 4
+
+
+def _bidirectional_model(same_condition: bool = True, order=(0, 1)) -> onnx.ModelProto:
+    """A bidirectional LSTM's Y [T, 2, B, H] split into its halves, each chosen by its own If (then: the
+    half as it is, gathered from Y; else: the half negated), Keras's Concat of the halves and its
+    transpose to batch-major [B, T, 2H]. Both Ifs test ``c`` (``same_condition``), or the second ``d``."""
+    rng = np.random.default_rng(3)
+    weights = [helper.make_tensor(name, TensorProto.FLOAT, shape, rng.standard_normal(shape).astype(np.float32).ravel())
+               for name, shape in (("W", [2, 4 * H, F]), ("R", [2, 4 * H, H]))]
+    ifs = []
+    for direction in (0, 1):
+        index = helper.make_tensor(f"i{direction}", TensorProto.INT64, [], [order[direction]])
+        then = _branch(f"then{direction}", [helper.make_node("Gather", ["y4", f"i{direction}"], [f"half{direction}"],
+                                                              axis=1)], f"half{direction}")
+        then.initializer.append(index)
+        negated = [helper.make_node("Gather", ["y4", f"i{direction}"], [f"g{direction}"], axis=1),
+                   helper.make_node("Neg", [f"g{direction}"], [f"neg{direction}"])]
+        other = _branch(f"else{direction}", negated, f"neg{direction}")
+        other.initializer.append(index)
+        condition = "c" if same_condition or direction == 0 else "d"
+        ifs.append(helper.make_node("If", [condition], [f"chosen{direction}"], then_branch=then, else_branch=other,
+                                    name=f"if{direction}"))
+    nodes = [helper.make_node("Transpose", ["x"], ["x_tm"], perm=[1, 0, 2]),
+             helper.make_node("LSTM", ["x_tm", "W", "R"], ["y4"], hidden_size=H, direction="bidirectional"),
+             *ifs,
+             helper.make_node("Concat", ["chosen0", "chosen1"], ["both"], axis=2, name="concat"),
+             helper.make_node("Transpose", ["both"], ["y"], perm=[1, 0, 2], name="to_batch_major")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [B, T, F]),
+                                           helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+                                           helper.make_tensor_value_info("d", TensorProto.BOOL, [])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def _bidirectional_runs(model) -> list:
+    x = np.random.default_rng(0).standard_normal((B, T, F)).astype(np.float32)
+    session = helpers.ort_session(model)
+    return [session.run(None, {"x": x, "c": np.array(c), "d": np.array(d)})
+            for c in (True, False) for d in (True, False)]
+
+
+def test_a_bidirectional_layers_halves_meet_in_one_if_and_the_lean_branch_transposes_once():
+    model = _bidirectional_model()
+    want = _bidirectional_runs(model)
+    lean_branches(model)
+    ifs = [n for n in model.graph.node if n.op_type == "If"]
+    assert len(ifs) == 1 and "Concat" not in [n.op_type for n in model.graph.node], model.graph.node
+    branches = {a.name: a.g for a in ifs[0].attribute}
+    # the lean branch: Y transposed to [B, T, 2, H] and reshaped, no half gathered, no index constant left
+    assert [n.op_type for n in branches["then_branch"].node] == ["Transpose", "Constant", "Reshape"]
+    assert not branches["then_branch"].initializer
+    assert [n.op_type for n in branches["else_branch"].node].count("Concat") == 1
+    got = _bidirectional_runs(model)
+    for before, after in zip(want, got):
+        np.testing.assert_array_equal(before[0], after[0])
+
+
+@pytest.mark.parametrize("same_condition, order", [(False, (0, 1)), (True, (1, 0))],
+                         ids=["two-conditions", "backward-first"])
+def test_halves_on_two_conditions_stay_apart_and_other_orders_are_gathered(same_condition, order):
+    """Ifs on different conditions are not merged; halves concatenated backward first are merged but
+    still gathered (the one transpose would put them forward first)."""
+    model = _bidirectional_model(same_condition, order)
+    want = _bidirectional_runs(model)
+    lean_branches(model)
+    ifs = [n for n in helpers.all_nodes(model) if n.op_type == "If"]
+    assert len(ifs) == (1 if same_condition else 2)
+    assert "Gather" in [n.op_type for n in helpers.all_nodes(model)]
+    got = _bidirectional_runs(model)
+    for before, after in zip(want, got):
+        np.testing.assert_array_equal(before[0], after[0])

@@ -8,8 +8,12 @@ optimizers:
 
 - a mask's int64 flags are cast from its 0/1 uint8s (not through a bool), and a Cast of a graph input
   to the type it has is dropped (onnxruntime cannot drop it itself where a branch reads it, and says so);
+- a ``Concat`` of outputs of ``If`` nodes on one condition (a Bidirectional's halves, each restored by
+  its own If) is computed in the branches of one If that replaces them;
 - a ``Transpose`` that alone reads an ``If``'s output is moved into both branches (the heavy branch's
   row gather then takes it: :mod:`.transposed_gathers`);
+- in a branch, a bidirectional node's halves gathered, concatenated and moved to batch-major are one
+  ``Transpose`` of its output and a ``Reshape`` (one copy of the outputs instead of three);
 - a node of the main graph whose outputs only one ``If``'s branches read is moved into the branches
   that read it, so that the other never pays for it (not a recurrent node: onnxruntime prepacks
   weights in the main graph only);
@@ -17,7 +21,8 @@ optimizers:
   and a branch output it gave is written by the tensor's producer;
 - a node of the main graph that nothing reads any more is dropped.
 
-Each change keeps the model's outputs bit for bit: nodes only move to where their readers are. Every
+Each change keeps the model's outputs bit for bit: nodes move to where their readers are, and the one
+fold moves the same values in one copy. Every
 step is called by :func:`lean_branches` itself, which works on a copy of the nodes and writes them
 back once every step has run: a failure anywhere leaves the model as written.
 """
@@ -26,8 +31,9 @@ from __future__ import annotations
 import logging
 from typing import NamedTuple
 
+import numpy as np
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from .transposed_gathers import fold_graph
 
@@ -58,13 +64,16 @@ def lean_branches(model_proto: onnx.ModelProto) -> int:
         pending, branches = [graph], []
         while pending:  # top down: what moves into a branch may move on into an If nested there
             current = pending.pop()
+            changed += _concats_into_branches(current, _reads(current))
             changed += _transposes_into_branches(current, _reads(current))
             changed += _sink_into_branches(current, _reads(current))
             inner = [branch for sides in _reads(current).branches.values() for branch, _ in sides.values()]
             branches += inner
             pending += inner
+        halves = _bidirectional_outputs(model_proto)
         for branch in branches:
             _outputs_without_identity(branch, _reads(branch))
+            changed += _halves_as_one_transpose(branch, _reads(branch), halves)
             fold_graph(branch)
         changed += _unread_nodes(graph, _reads(graph))
         _write_back(model_proto, graph)
@@ -161,6 +170,121 @@ def _no_op_casts(graph: onnx.GraphProto) -> int:
         if any(name in renamed for name in node.input):
             node.input[:] = [renamed.get(name, name) for name in node.input]
     return len(renamed)
+
+
+def _concats_into_branches(graph: onnx.GraphProto, reads: _Reads) -> int:
+    """A ``Concat`` of outputs of ``If`` nodes on one condition, each output read by it alone (not a graph
+    output), is computed in the branches: those Ifs become one, whose branches each hold the nodes of the
+    Ifs' same branches and the Concat of what they gave (a Bidirectional's halves, each restored by its
+    own If, meet in Keras's Concat). Returns how many Ifs were merged away."""
+    producer = {name: node for node in reads.nodes for name in node.output}
+    outputs = {value.name for value in graph.output}
+    readers = {}
+    for node in reads.nodes:
+        for name in reads.by_node[id(node)]:
+            readers[name] = readers.get(name, 0) + 1
+    merged = 0
+    for concat in [node for node in reads.nodes if node.op_type == "Concat"]:
+        sources = [producer.get(name) for name in concat.input]
+        if len(set(concat.input)) != len(concat.input) or any(
+                source is None or source.op_type != "If" or len(source.output) != 1 for source in sources) \
+                or len({source.input[0] for source in sources}) != 1 or len({id(s) for s in sources}) != len(sources) \
+                or any(readers.get(name) != 1 or name in outputs for name in concat.input):
+            continue
+        sides = [reads.branches[id(source)] for source in sources]
+        if any(set(side) != set(_BRANCHES) for side in sides):
+            continue
+        joined = {}
+        for branch_name in _BRANCHES:
+            parts = [side[branch_name][0] for side in sides]
+            branch = onnx.GraphProto(name=parts[0].name)
+            for part in parts:
+                branch.node.extend(part.node)
+                branch.initializer.extend(part.initializer)
+                branch.value_info.extend(part.value_info)
+            inside = f"{concat.output[0]}_{branch.name}"
+            node = helper.make_node("Concat", [part.output[0].name for part in parts], [inside],
+                                    name=f"{concat.name}_{branch.name}")
+            node.attribute.extend(concat.attribute)
+            branch.node.append(node)
+            value = helper.make_empty_tensor_value_info(inside)
+            value.type.CopyFrom(parts[0].output[0].type)
+            value.type.tensor_type.ClearField("shape")
+            branch.output.append(value)
+            joined[branch_name] = branch
+        one = helper.make_node("If", [sources[0].input[0]], [concat.output[0]], name=sources[0].name,
+                               then_branch=joined["then_branch"], else_branch=joined["else_branch"])
+        position = list(graph.node).index(concat)
+        graph.node.insert(position, one)
+        for node in sources + [concat]:
+            graph.node.remove(node)
+        merged += len(sources) - 1
+    return merged
+
+
+def _bidirectional_outputs(model_proto: onnx.ModelProto) -> dict:
+    """The main graph's bidirectional recurrent nodes' Y [T, 2, B, H] (as keys), and under ``None`` the int
+    scalars of the main graph's initializers by name."""
+    found: dict = {None: {}}
+    for node in model_proto.graph.node:
+        if node.op_type in ("LSTM", "GRU", "RNN") and node.output and node.output[0] and any(
+                a.name == "direction" and a.s == b"bidirectional" for a in node.attribute):
+            found[node.output[0]] = True
+    for tensor in model_proto.graph.initializer:
+        if not tensor.dims and tensor.data_type in (onnx.TensorProto.INT64, onnx.TensorProto.INT32):
+            found[None][tensor.name] = int(numpy_helper.to_array(tensor))
+    return found
+
+
+def _halves_as_one_transpose(branch: onnx.GraphProto, reads: _Reads, halves: dict) -> int:
+    """``Transpose(Concat(Gather(Y, 0, axis=1), Gather(Y, 1, axis=1), axis=2), [1, 0, 2])`` of a bidirectional
+    node's Y [T, 2, B, H] (both halves, forward first, to batch-major [B, T, 2H]) ->
+    ``Reshape(Transpose(Y, [2, 0, 1, 3]), [0, 0, -1])``: one copy of the outputs instead of three, the
+    same values (a Bidirectional's lean branch). Each Gather and the Concat read by the next alone.
+    Returns how many."""
+    producer = {name: node for node in reads.nodes for name in node.output}
+    outputs = {value.name for value in branch.output}
+    readers = {}
+    for node in reads.nodes:
+        for name in reads.by_node[id(node)]:
+            readers[name] = readers.get(name, 0) + 1
+
+    def attribute(node, name, default=None):
+        return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), default)
+
+    scalars = {**halves[None], **{tensor.name: int(numpy_helper.to_array(tensor)) for tensor in branch.initializer
+                                  if not tensor.dims and tensor.data_type in (onnx.TensorProto.INT64,
+                                                                              onnx.TensorProto.INT32)}}
+    for transpose in [node for node in reads.nodes if node.op_type == "Transpose"]:
+        concat = producer.get(transpose.input[0])
+        if attribute(transpose, "perm") != [1, 0, 2] or concat is None or concat.op_type != "Concat" \
+                or attribute(concat, "axis") not in (2, -1) or len(concat.input) != 2:
+            continue
+        gathers = [producer.get(name) for name in concat.input]
+        if any(g is None or g.op_type != "Gather" or attribute(g, "axis", 0) != 1 for g in gathers) \
+                or len({g.input[0] for g in gathers}) != 1 or gathers[0].input[0] not in halves \
+                or [scalars.get(g.input[1]) for g in gathers] != [0, 1] \
+                or any(readers.get(name) != 1 or name in outputs for name in list(concat.input) + [concat.output[0]]):
+            continue
+        y, name = gathers[0].input[0], transpose.output[0]
+        nodes = list(branch.node)
+        position = nodes.index(transpose)
+        replacement = [
+            helper.make_node("Transpose", [y], [f"{name}_halves"], name=f"{transpose.name}_halves", perm=[2, 0, 1, 3]),
+            helper.make_node("Constant", [], [f"{name}_shape"], name=f"{transpose.name}_shape",
+                             value=numpy_helper.from_array(np.array([0, 0, -1], np.int64))),
+            helper.make_node("Reshape", [f"{name}_halves", f"{name}_shape"], [name], name=transpose.name)]
+        gone = {id(node) for node in gathers + [concat]}
+        kept = [node for node in nodes[:position] if id(node) not in gone]
+        del branch.node[:]
+        branch.node.extend(kept + replacement + nodes[position + 1:])
+        still_read = set().union(*_reads(branch).by_node.values())
+        indices = {g.input[1] for g in gathers} - still_read  # the branch's own index constants go with them
+        unread = [tensor for tensor in branch.initializer if tensor.name in indices]
+        for tensor in unread:
+            branch.initializer.remove(tensor)
+        return 1 + _halves_as_one_transpose(branch, _reads(branch), halves)  # the next, on the graph as it now is
+    return 0
 
 
 def _transposes_into_branches(graph: onnx.GraphProto, reads: _Reads) -> int:

@@ -43,6 +43,9 @@ class Always:
     def choose(self, mask: "MaskTensors", condition: str, lean: Callable, heavy: Callable) -> str:
         return heavy(mask)
 
+    def ahead(self, mask: "MaskTensors", condition: str) -> None:
+        """Build ``condition``'s tensor now, in ``mask``'s graph (nothing here: no condition is tested)."""
+
     def describe(self, compacted: bool) -> str:
         return "compacted" if compacted else ""
 
@@ -56,6 +59,9 @@ class AtRunTime(Always):
 
     def choose(self, mask: "MaskTensors", condition: str, lean: Callable, heavy: Callable) -> str:
         return mask.conditional(getattr(mask, condition), lean, heavy)
+
+    def ahead(self, mask: "MaskTensors", condition: str) -> None:
+        getattr(mask, condition)
 
     def describe(self, compacted: bool) -> str:
         return "compacted when a row's kept steps do not come first" if compacted else ""
@@ -131,6 +137,10 @@ class MaskTensors:
         nothing masked never computes the other."""
         if not post_padded:
             return self.choose("all_kept", lean, heavy)
+        # the second test is built outside the Ifs: every If of this mask then reads the same tensor, so
+        # that the If-branch pass can merge the Ifs a Bidirectional's halves meet in (its Concat), and
+        # it moves the test into the one branch that reads it
+        self.choice.ahead(self, "post_padded")
         return self.choose("all_kept", lean, lambda tensors: tensors.choose("post_padded", lean, heavy))
 
     @_built_once
