@@ -194,3 +194,35 @@ def test_halves_on_two_conditions_stay_apart_and_other_orders_are_gathered(same_
     got = _bidirectional_runs(model)
     for before, after in zip(want, got):
         np.testing.assert_array_equal(before[0], after[0])
+
+
+def test_what_the_same_branch_of_ifs_on_one_condition_reads_moves_into_each():
+    """A chain only the else-branches of two Ifs on ``c`` read (a mask's post-padding test, read by a
+    layer's input and output Ifs) moves into both: a run that takes the then-branches computes none of it.
+    Read by the then-branch of one and the else-branch of the other, it stays."""
+    for sides, moves in ((("else", "else"), True), (("then", "else"), False)):
+        ifs = []
+        for index, side in enumerate(sides):
+            reader = helper.make_node("Add", ["x", "test"], [f"read{index}"])
+            branches = {side: _branch(f"{side}{index}", [reader], f"read{index}"),
+                        {"then": "else", "else": "then"}[side]: _branch(
+                            f"plain{index}", [helper.make_node("Neg", ["x"], [f"neg{index}"])], f"neg{index}")}
+            ifs.append(helper.make_node("If", ["c"], [f"y{index}"], then_branch=branches["then"],
+                                        else_branch=branches["else"], name=f"if{index}"))
+        nodes = [helper.make_node("Abs", ["x"], ["absolute"]), helper.make_node("Exp", ["absolute"], ["test"])] + ifs
+        graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [B, T, F]),
+                                               helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+                                  [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, None) for i in (0, 1)])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        model.ir_version = 8
+        want = _runs(model)
+        lean_branches(model)
+        main = [n.op_type for n in model.graph.node]
+        assert main == (["If", "If"] if moves else ["Abs", "Exp", "If", "If"]), main
+        if moves:
+            for node in model.graph.node:
+                branches = {a.name: a.g for a in node.attribute}
+                assert [n.op_type for n in branches["else_branch"].node] == ["Abs", "Exp", "Add"]
+        for before, after in zip(want, _runs(model)):
+            for a, b in zip(before, after):
+                np.testing.assert_array_equal(a, b)

@@ -317,7 +317,9 @@ def _transposes_into_branches(graph: onnx.GraphProto, reads: _Reads) -> int:
 
 def _sink_into_branches(graph: onnx.GraphProto, reads: _Reads) -> int:
     """Nodes whose outputs only the branches of one ``If`` read move into those branches (a chain of
-    them together, in the main graph's order)."""
+    them together, in the main graph's order); so do those only the same branch of several Ifs on one
+    condition reads, into each of them: a run that takes the other branch never computes them (a
+    mask's post-padding test, which a layer's input and output Ifs both read)."""
     outputs = {value.name for value in graph.output}
     main_reads = {}  # name -> how many nodes of the graph itself read it (an If's condition included)
     branch_reads = {}  # name -> the (id of an If, branch name) that read it
@@ -328,6 +330,7 @@ def _sink_into_branches(graph: onnx.GraphProto, reads: _Reads) -> int:
                 branch_reads.setdefault(name, set()).add((id(node), branch_name))
         for name in (node.input[:1] if sides else reads.by_node[id(node)]):
             main_reads[name] = main_reads.get(name, 0) + 1
+    conditions = {id(node): node.input[0] for node in reads.nodes if id(node) in reads.branches}
     sunk = {}  # (id of an If, branch name) -> nodes, latest first
     for node in reversed(reads.nodes):
         if node.op_type in _STAYS or reads.nested[id(node)] or any(
@@ -335,7 +338,8 @@ def _sink_into_branches(graph: onnx.GraphProto, reads: _Reads) -> int:
             continue
         places = set().union(*(branch_reads.get(name, set()) for name in node.output)) if node.output else set()
         if not places or any(main_reads.get(name) or name in outputs for name in node.output) \
-                or len({place[0] for place in places}) != 1:
+                or (len({place[0] for place in places}) != 1
+                    and (len({place[1] for place in places}) != 1 or len({conditions[p[0]] for p in places}) != 1)):
             continue
         for name in reads.by_node[id(node)]:
             main_reads[name] = main_reads.get(name, 0) - 1
