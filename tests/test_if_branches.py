@@ -22,6 +22,17 @@ def _branch(name: str, nodes: list, output: str) -> onnx.GraphProto:
     return helper.make_graph(nodes, name, [], [helper.make_tensor_value_info(output, TensorProto.FLOAT, None)])
 
 
+def _as_model(nodes: list, outputs: list, initializers=(), conditions=("c",)) -> onnx.ModelProto:
+    """A model of ``nodes`` over x [B, T, F] and the bool scalars ``conditions``; ``outputs`` are names."""
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [B, T, F])] + [
+        helper.make_tensor_value_info(name, TensorProto.BOOL, []) for name in conditions]
+    graph = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info(o, TensorProto.FLOAT, None)
+                                                   for o in outputs], list(initializers))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
 def _model(shared_reader: bool = False, unread: bool = False) -> onnx.ModelProto:
     """x [B, T, F] -> Transpose (time-major) read by both branches of an If on ``c``: then passes it
     through an Identity, else negates it; the If's output is transposed back to batch-major. With
@@ -32,18 +43,14 @@ def _model(shared_reader: bool = False, unread: bool = False) -> onnx.ModelProto
     nodes = [helper.make_node("Transpose", ["x"], ["x_tm"], perm=[1, 0, 2], name="to_time_major"),
              helper.make_node("If", ["c"], ["chosen"], then_branch=then, else_branch=other, name="if"),
              helper.make_node("Transpose", ["chosen"], ["y"], perm=[1, 0, 2], name="to_batch_major")]
-    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
+    outputs = ["y"]
     if unread:
         nodes[1:1] = [helper.make_node("Abs", ["x"], ["unread_abs"]),
                       helper.make_node("Neg", ["unread_abs"], ["unread"])]
     if shared_reader:
         nodes.append(helper.make_node("Abs", ["x_tm"], ["z"]))
-        outputs.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, None))
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [B, T, F]),
-                                           helper.make_tensor_value_info("c", TensorProto.BOOL, [])], outputs)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model
+        outputs.append("z")
+    return _as_model(nodes, outputs)
 
 
 def _runs(model) -> list:
@@ -97,12 +104,7 @@ def test_a_recurrent_node_never_moves():
     nodes = [helper.make_node("Transpose", ["x"], ["x_tm"], perm=[1, 0, 2]),
              helper.make_node("RNN", ["x_tm", "W", "R"], ["Y"], hidden_size=hidden),
              helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [B, T, F]),
-                                           helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                              weights + [helper.make_tensor("one", TensorProto.INT64, [1], [1])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
+    model = _as_model(nodes, ["y"], weights + [helper.make_tensor("one", TensorProto.INT64, [1], [1])])
     want = _runs(model)
     assert lean_branches(model) == 0
     assert [n.op_type for n in model.graph.node] == ["Transpose", "RNN", "If"]
@@ -148,13 +150,7 @@ def _bidirectional_model(same_condition: bool = True, order=(0, 1)) -> onnx.Mode
              *ifs,
              helper.make_node("Concat", ["chosen0", "chosen1"], ["both"], axis=2, name="concat"),
              helper.make_node("Transpose", ["both"], ["y"], perm=[1, 0, 2], name="to_batch_major")]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [B, T, F]),
-                                           helper.make_tensor_value_info("c", TensorProto.BOOL, []),
-                                           helper.make_tensor_value_info("d", TensorProto.BOOL, [])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], weights)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model
+    return _as_model(nodes, ["y"], weights, conditions=("c", "d"))
 
 
 def _bidirectional_runs(model) -> list:
@@ -210,11 +206,7 @@ def test_what_the_same_branch_of_ifs_on_one_condition_reads_moves_into_each():
             ifs.append(helper.make_node("If", ["c"], [f"y{index}"], then_branch=branches["then"],
                                         else_branch=branches["else"], name=f"if{index}"))
         nodes = [helper.make_node("Abs", ["x"], ["absolute"]), helper.make_node("Exp", ["absolute"], ["test"])] + ifs
-        graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [B, T, F]),
-                                               helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
-                                  [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, None) for i in (0, 1)])
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-        model.ir_version = 8
+        model = _as_model(nodes, ["y0", "y1"])
         want = _runs(model)
         lean_branches(model)
         main = [n.op_type for n in model.graph.node]

@@ -52,6 +52,14 @@ class _Reads(NamedTuple):
     branches: dict  # id(If node) -> {branch attribute name: (the branch graph, the names it reads from outside)}
     outside: set  # the names the graph's nodes read from outside the graph
 
+    def reader_counts(self) -> dict:
+        """name -> how many of the graph's nodes read it, directly or inside their subgraphs."""
+        counts: dict = {}
+        for node in self.nodes:
+            for name in self.by_node[id(node)]:
+                counts[name] = counts.get(name, 0) + 1
+        return counts
+
 
 def lean_branches(model_proto: onnx.ModelProto) -> int:
     """Apply the moves above to the main graph's ``If`` nodes (and those nested in their branches);
@@ -179,10 +187,7 @@ def _concats_into_branches(graph: onnx.GraphProto, reads: _Reads) -> int:
     own If, meet in Keras's Concat). Returns how many Ifs were merged away."""
     producer = {name: node for node in reads.nodes for name in node.output}
     outputs = {value.name for value in graph.output}
-    readers = {}
-    for node in reads.nodes:
-        for name in reads.by_node[id(node)]:
-            readers[name] = readers.get(name, 0) + 1
+    readers = reads.reader_counts()
     merged = 0
     for concat in [node for node in reads.nodes if node.op_type == "Concat"]:
         sources = [producer.get(name) for name in concat.input]
@@ -244,10 +249,7 @@ def _halves_as_one_transpose(branch: onnx.GraphProto, reads: _Reads, halves: dic
     Returns how many."""
     producer = {name: node for node in reads.nodes for name in node.output}
     outputs = {value.name for value in branch.output}
-    readers = {}
-    for node in reads.nodes:
-        for name in reads.by_node[id(node)]:
-            readers[name] = readers.get(name, 0) + 1
+    readers = reads.reader_counts()
 
     def attribute(node, name, default=None):
         return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), default)
@@ -370,10 +372,7 @@ def _unread_nodes(graph: onnx.GraphProto, reads: _Reads) -> int:
     those only they read: a mask's bool that the branches now take from its 0/1 ints (the Cast
     tf2onnx wrote for ``Any``). Returns how many."""
     outputs = {value.name for value in graph.output}
-    readers = {}  # name -> how many nodes read it, directly or inside their subgraphs
-    for node in reads.nodes:
-        for name in reads.by_node[id(node)]:
-            readers[name] = readers.get(name, 0) + 1
+    readers = reads.reader_counts()
     dropped = set()
     for node in reversed(reads.nodes):  # a reader comes after what it reads
         if node.output and not any(readers.get(name) or name in outputs for name in node.output):
