@@ -23,8 +23,8 @@ def _branch(name: str, nodes: list, output: str) -> onnx.GraphProto:
 
 
 def _as_model(nodes: list, outputs: list, initializers=(), conditions=("c",)) -> onnx.ModelProto:
-    """A model of ``nodes`` over x [B, T, F] and the bool scalars ``conditions``; ``outputs`` are names."""
-    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [B, T, F])] + [
+    """A model of ``nodes`` over x [batch, T, F] and the bool scalars ``conditions``; ``outputs`` are names."""
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", T, F])] + [
         helper.make_tensor_value_info(name, TensorProto.BOOL, []) for name in conditions]
     graph = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info(o, TensorProto.FLOAT, None)
                                                    for o in outputs], list(initializers))

@@ -228,13 +228,14 @@ def _concats_into_branches(graph: onnx.GraphProto, reads: _Reads) -> int:
 
 
 def _bidirectional_outputs(model_proto: onnx.ModelProto) -> dict:
-    """The main graph's bidirectional recurrent nodes' Y [T, 2, B, H] (as keys), and under ``None`` the int
+    """The main graph's bidirectional recurrent nodes' Y [T, 2, B, H] -> H, and under ``None`` the int
     scalars of the main graph's initializers by name."""
     found: dict = {None: {}}
     for node in model_proto.graph.node:
-        if node.op_type in ("LSTM", "GRU", "RNN") and node.output and node.output[0] and any(
-                a.name == "direction" and a.s == b"bidirectional" for a in node.attribute):
-            found[node.output[0]] = True
+        attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if node.op_type in ("LSTM", "GRU", "RNN") and node.output and node.output[0] \
+                and attributes.get("direction") == b"bidirectional" and attributes.get("hidden_size"):
+            found[node.output[0]] = attributes["hidden_size"]
     for tensor in model_proto.graph.initializer:
         if not tensor.dims and tensor.data_type in (onnx.TensorProto.INT64, onnx.TensorProto.INT32):
             found[None][tensor.name] = int(numpy_helper.to_array(tensor))
@@ -244,7 +245,7 @@ def _bidirectional_outputs(model_proto: onnx.ModelProto) -> dict:
 def _halves_as_one_transpose(branch: onnx.GraphProto, reads: _Reads, halves: dict) -> int:
     """``Transpose(Concat(Gather(Y, 0, axis=1), Gather(Y, 1, axis=1), axis=2), [1, 0, 2])`` of a bidirectional
     node's Y [T, 2, B, H] (both halves, forward first, to batch-major [B, T, 2H]) ->
-    ``Reshape(Transpose(Y, [2, 0, 1, 3]), [0, 0, -1])``: one copy of the outputs instead of three, the
+    ``Reshape(Transpose(Y, [2, 0, 1, 3]), [0, 0, 2H])``: one copy of the outputs instead of three, the
     same values (a Bidirectional's lean branch). Each Gather and the Concat read by the next alone.
     Returns how many."""
     producer = {name: node for node in reads.nodes for name in node.output}
@@ -274,7 +275,7 @@ def _halves_as_one_transpose(branch: onnx.GraphProto, reads: _Reads, halves: dic
         replacement = [
             helper.make_node("Transpose", [y], [f"{name}_halves"], name=f"{transpose.name}_halves", perm=[2, 0, 1, 3]),
             helper.make_node("Constant", [], [f"{name}_shape"], name=f"{transpose.name}_shape",
-                             value=numpy_helper.from_array(np.array([0, 0, -1], np.int64))),
+                             value=numpy_helper.from_array(np.array([0, 0, 2 * halves[y]], np.int64))),
             helper.make_node("Reshape", [f"{name}_halves", f"{name}_shape"], [name], name=transpose.name)]
         gone = {id(node) for node in gathers + [concat]}
         kept = [node for node in nodes[:position] if id(node) not in gone]
