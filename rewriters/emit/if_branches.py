@@ -51,14 +51,7 @@ class _Reads(NamedTuple):
     nested: dict  # id(node) -> the names its subgraphs read from outside them
     branches: dict  # id(If node) -> {branch attribute name: (the branch graph, the names it reads from outside)}
     outside: set  # the names the graph's nodes read from outside the graph
-
-    def reader_counts(self) -> dict:
-        """name -> how many of the graph's nodes read it, directly or inside their subgraphs."""
-        counts: dict = {}
-        for node in self.nodes:
-            for name in self.by_node[id(node)]:
-                counts[name] = counts.get(name, 0) + 1
-        return counts
+    readers: dict  # name -> how many of the graph's nodes read it, directly or inside their subgraphs
 
 
 def lean_branches(model_proto: onnx.ModelProto) -> int:
@@ -78,10 +71,10 @@ def lean_branches(model_proto: onnx.ModelProto) -> int:
             inner = [branch for sides in _reads(current).branches.values() for branch, _ in sides.values()]
             branches += inner
             pending += inner
-        halves = _bidirectional_outputs(model_proto)
+        sizes, scalars = _bidirectional_sizes(model_proto.graph), _int_scalars(model_proto.graph.initializer)
         for branch in branches:
             _outputs_without_identity(branch, _reads(branch))
-            changed += _halves_as_one_transpose(branch, _reads(branch), halves)
+            changed += _halves_as_one_transpose(branch, _reads(branch), sizes, scalars)
             fold_graph(branch)
         changed += _unread_nodes(graph, _reads(graph))
         _write_back(model_proto, graph)
@@ -131,7 +124,11 @@ def _reads(graph: onnx.GraphProto) -> _Reads:
         made.update(node.output)
     read = set().union(*by_node.values()) if by_node else set()
     local = made | {value.name for value in graph.input} | {tensor.name for tensor in graph.initializer}
-    return _Reads(nodes, by_node, nested, branches, read - local)
+    readers: dict = {}
+    for names in by_node.values():
+        for name in names:
+            readers[name] = readers.get(name, 0) + 1
+    return _Reads(nodes, by_node, nested, branches, read - local, readers)
 
 
 def _flags_from_uint8(graph: onnx.GraphProto) -> int:
@@ -187,13 +184,13 @@ def _concats_into_branches(graph: onnx.GraphProto, reads: _Reads) -> int:
     own If, meet in Keras's Concat). Returns how many Ifs were merged away."""
     producer = {name: node for node in reads.nodes for name in node.output}
     outputs = {value.name for value in graph.output}
-    readers = reads.reader_counts()
+    readers = reads.readers
     merged = 0
     for concat in [node for node in reads.nodes if node.op_type == "Concat"]:
         sources = [producer.get(name) for name in concat.input]
         if len(set(concat.input)) != len(concat.input) or any(
                 source is None or source.op_type != "If" or len(source.output) != 1 for source in sources) \
-                or len({source.input[0] for source in sources}) != 1 or len({id(s) for s in sources}) != len(sources) \
+                or len({source.input[0] for source in sources}) != 1 \
                 or any(readers.get(name) != 1 or name in outputs for name in concat.input):
             continue
         sides = [reads.branches[id(source)] for source in sources]
@@ -227,37 +224,38 @@ def _concats_into_branches(graph: onnx.GraphProto, reads: _Reads) -> int:
     return merged
 
 
-def _bidirectional_outputs(model_proto: onnx.ModelProto) -> dict:
-    """The main graph's bidirectional recurrent nodes' Y [T, 2, B, H] -> H, and under ``None`` the int
-    scalars of the main graph's initializers by name."""
-    found: dict = {None: {}}
-    for node in model_proto.graph.node:
+def _bidirectional_sizes(graph: onnx.GraphProto) -> dict:
+    """The Y [T, 2, B, H] of each bidirectional recurrent node of ``graph`` -> its H."""
+    found = {}
+    for node in graph.node:
         attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         if node.op_type in ("LSTM", "GRU", "RNN") and node.output and node.output[0] \
                 and attributes.get("direction") == b"bidirectional" and attributes.get("hidden_size"):
             found[node.output[0]] = attributes["hidden_size"]
-    for tensor in model_proto.graph.initializer:
-        if not tensor.dims and tensor.data_type in (onnx.TensorProto.INT64, onnx.TensorProto.INT32):
-            found[None][tensor.name] = int(numpy_helper.to_array(tensor))
     return found
 
 
-def _halves_as_one_transpose(branch: onnx.GraphProto, reads: _Reads, halves: dict) -> int:
+def _int_scalars(initializers) -> dict:
+    """The integer scalars among ``initializers``, by name."""
+    return {tensor.name: int(numpy_helper.to_array(tensor)) for tensor in initializers
+            if not tensor.dims and tensor.data_type in (onnx.TensorProto.INT64, onnx.TensorProto.INT32)}
+
+
+def _halves_as_one_transpose(branch: onnx.GraphProto, reads: _Reads, sizes: dict, outer_scalars: dict) -> int:
     """``Transpose(Concat(Gather(Y, 0, axis=1), Gather(Y, 1, axis=1), axis=2), [1, 0, 2])`` of a bidirectional
     node's Y [T, 2, B, H] (both halves, forward first, to batch-major [B, T, 2H]) ->
     ``Reshape(Transpose(Y, [2, 0, 1, 3]), [0, 0, 2H])``: one copy of the outputs instead of three, the
     same values (a Bidirectional's lean branch). Each Gather and the Concat read by the next alone.
-    Returns how many."""
+    ``sizes``: :func:`_bidirectional_sizes`; ``outer_scalars``: the main graph's integer scalars (the
+    branch's own are read here). Returns how many."""
     producer = {name: node for node in reads.nodes for name in node.output}
     outputs = {value.name for value in branch.output}
-    readers = reads.reader_counts()
+    readers = reads.readers
 
     def attribute(node, name, default=None):
         return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), default)
 
-    scalars = {**halves[None], **{tensor.name: int(numpy_helper.to_array(tensor)) for tensor in branch.initializer
-                                  if not tensor.dims and tensor.data_type in (onnx.TensorProto.INT64,
-                                                                              onnx.TensorProto.INT32)}}
+    scalars = {**outer_scalars, **_int_scalars(branch.initializer)}
     for transpose in [node for node in reads.nodes if node.op_type == "Transpose"]:
         concat = producer.get(transpose.input[0])
         if attribute(transpose, "perm") != [1, 0, 2] or concat is None or concat.op_type != "Concat" \
@@ -265,7 +263,7 @@ def _halves_as_one_transpose(branch: onnx.GraphProto, reads: _Reads, halves: dic
             continue
         gathers = [producer.get(name) for name in concat.input]
         if any(g is None or g.op_type != "Gather" or attribute(g, "axis", 0) != 1 for g in gathers) \
-                or len({g.input[0] for g in gathers}) != 1 or gathers[0].input[0] not in halves \
+                or len({g.input[0] for g in gathers}) != 1 or gathers[0].input[0] not in sizes \
                 or [scalars.get(g.input[1]) for g in gathers] != [0, 1] \
                 or any(readers.get(name) != 1 or name in outputs for name in list(concat.input) + [concat.output[0]]):
             continue
@@ -275,7 +273,7 @@ def _halves_as_one_transpose(branch: onnx.GraphProto, reads: _Reads, halves: dic
         replacement = [
             helper.make_node("Transpose", [y], [f"{name}_halves"], name=f"{transpose.name}_halves", perm=[2, 0, 1, 3]),
             helper.make_node("Constant", [], [f"{name}_shape"], name=f"{transpose.name}_shape",
-                             value=numpy_helper.from_array(np.array([0, 0, 2 * halves[y]], np.int64))),
+                             value=numpy_helper.from_array(np.array([0, 0, 2 * sizes[y]], np.int64))),
             helper.make_node("Reshape", [f"{name}_halves", f"{name}_shape"], [name], name=transpose.name)]
         gone = {id(node) for node in gathers + [concat]}
         kept = [node for node in nodes[:position] if id(node) not in gone]
@@ -286,7 +284,8 @@ def _halves_as_one_transpose(branch: onnx.GraphProto, reads: _Reads, halves: dic
         unread = [tensor for tensor in branch.initializer if tensor.name in indices]
         for tensor in unread:
             branch.initializer.remove(tensor)
-        return 1 + _halves_as_one_transpose(branch, _reads(branch), halves)  # the next, on the graph as it now is
+        # the next, on the graph as it now is
+        return 1 + _halves_as_one_transpose(branch, _reads(branch), sizes, outer_scalars)
     return 0
 
 
@@ -373,7 +372,7 @@ def _unread_nodes(graph: onnx.GraphProto, reads: _Reads) -> int:
     those only they read: a mask's bool that the branches now take from its 0/1 ints (the Cast
     tf2onnx wrote for ``Any``). Returns how many."""
     outputs = {value.name for value in graph.output}
-    readers = reads.reader_counts()
+    readers = dict(reads.readers)  # counted down as nodes go
     dropped = set()
     for node in reversed(reads.nodes):  # a reader comes after what it reads
         if node.output and not any(readers.get(name) or name in outputs for name in node.output):
