@@ -29,7 +29,8 @@ For every target:
   starts with "internal error", and a WARNING naming its layer was logged; a row that says
   "internal error" is a ``Loop``.
 Code only a target runs (``RUN_ONLY_WITH``: ``emit.kernels`` with target onnxruntime, whose
-SimpleRNN then becomes a Scan; the portable form's mask and state variants with target portable)
+SimpleRNN then becomes a Scan; the portable form's mask and state variants and its scattered mask
+arithmetic with target portable)
 is tested converting with that target. The Scan form's code (``scan``) runs only for loops no cell
 module claims: its targets convert ``Masking -> RNN(a layer-normalised Elman cell) ->
 SimpleRNN(gelu)`` instead, at opset 17, where each loop is a Scan of its own step unfaulted; with the
@@ -331,6 +332,7 @@ RUN_ONLY_WITH = {
     ("scan.normalisation", ""): {"model": "scan", "opset": 17},
     ("emit.kernels", ""): {"target": "onnxruntime"},  # what builds a recurrence otherwise than as its node
     ("emit.mask_forms", "PortableMask"): {"target": "portable"},
+    ("emit.mask_tensors", "ScatteredMask"): {"target": "portable"},
     ("emit.gathered_reversal", ""): {"target": "portable"},
     ("emit.states", "ExplicitZeroStates"): {"target": "portable"},
     ("emit.states", "_zero_states"): {"target": "portable"},

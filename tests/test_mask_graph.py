@@ -36,11 +36,10 @@ def _every_row_kind(time: int = 8) -> np.ndarray:
     return x
 
 
-@pytest.mark.parametrize("target", [None, "portable"])
-def test_the_compaction_scatters_the_kept_ranks(masked_model, target):
+def test_the_compaction_scatters_the_kept_ranks(masked_model):
     from tf2onnx_rnn import convert_keras
 
-    proto = convert_keras(masked_model, target=target)
+    proto = convert_keras(masked_model)
     made_by = {output: node for node in helpers.all_nodes(proto) for output in node.output}
     assert not helpers.nodes_of_types(proto, ["TopK"]), helpers.op_types(proto)
     (scatter,) = helpers.nodes_of_types(proto, ["ScatterND"])
@@ -52,13 +51,44 @@ def test_the_compaction_scatters_the_kept_ranks(masked_model, target):
     assert position.op_type == "Where", position
     ranks = made_by[position.input[1]]
     assert ranks.op_type == "Sub" and made_by[ranks.input[0]].op_type == "CumSum", ranks
-    # the rows' 0 .. B-1 once per graph that gathers rows (in the default form, the compaction's branch
-    # and the restore's: neither runs in the other); the steps 0 .. T-1 and the scatter's canvas once
+    # the rows' 0 .. B-1 once per graph that gathers rows (the compaction's branch and the restore's:
+    # neither runs in the other); the steps 0 .. T-1 and the scatter's canvas once
     ranges = helpers.nodes_of_types(proto, ["Range"])
-    assert len(ranges) == (3 if target else 4), helpers.op_types(proto)
+    assert len(ranges) == 4, helpers.op_types(proto)
     squeezed = [n for n in proto.graph.node if n.op_type == "Squeeze" and made_by.get(n.input[0]) is not None
                 and made_by[n.input[0]].op_type == "Unsqueeze"]
     assert not squeezed, [n.name for n in squeezed]
+    x = _every_row_kind()
+    (got,) = helpers.ort_session(proto).run(None, {"x": x})
+    np.testing.assert_allclose(got, np.asarray(masked_model(x, training=False)), rtol=1e-5, atol=1e-6)
+
+
+def test_the_portable_form_scatters_the_input_and_gathers_the_outputs_once(masked_model):
+    """The portable form (no If, no sequence_lens) on Keras's batch-major mask, as laid out: the input's
+    steps scattered to their (position, row) once, from the batch-major input (no copy back from
+    time-major), and the outputs gathered batch-major from the node's outputs under a zero row, once:
+    no Shape, Range or Flatten in the mask's arithmetic, no Transpose of the mask or of the outputs,
+    no Where over the outputs. OpenVINO pays per node under dynamic shapes."""
+    from tf2onnx_rnn import convert_keras
+
+    proto = convert_keras(masked_model, target="portable")
+    made_by = {output: node for node in helpers.all_nodes(proto) for output in node.output}
+    (scatter,) = helpers.nodes_of_types(proto, ["ScatterND"])
+    assert scatter.input[2] == "x", scatter
+    pairs = made_by[scatter.input[1]]
+    assert pairs.op_type == "Add" and made_by[pairs.input[0]].op_type == "Mul", pairs
+    position = made_by[made_by[pairs.input[0]].input[0]]
+    assert position.op_type == "Where", position
+    ranks = made_by[position.input[1]]
+    assert ranks.op_type == "Sub" and made_by[ranks.input[0]].op_type == "CumSum", ranks
+    last = made_by[proto.graph.output[0].name]
+    assert last.op_type == "GatherND", helpers.op_types(proto)
+    table = made_by[last.input[0]]
+    assert table.op_type == "Concat" and helpers.attribute(table, "axis") == 0, table
+    assert not helpers.nodes_of_types(proto, ["Range", "Flatten", "TopK"]), helpers.op_types(proto)
+    assert [n.op_type for n in proto.graph.node].count("Shape") == 1, helpers.op_types(proto)  # the zero states
+    transposes = helpers.nodes_of_types(proto, ["Transpose"])
+    assert [n.input[0] for n in transposes] == ["x"], helpers.op_types(proto)
     x = _every_row_kind()
     (got,) = helpers.ort_session(proto).run(None, {"x": x})
     np.testing.assert_allclose(got, np.asarray(masked_model(x, training=False)), rtol=1e-5, atol=1e-6)

@@ -113,27 +113,3 @@ def test_a_masked_layer_gives_batch_major_outputs_straight_from_its_gather():
     for x in (batch, full):  # the heavy branch, the lean one
         (got,) = session.run(None, {"x": x})
         np.testing.assert_allclose(got, np.asarray(model(x, training=False)), rtol=1e-5, atol=1e-6)
-
-
-def test_the_portable_form_restores_batch_major_outputs_with_one_where():
-    """The portable form's restore (no sequence_lens: a Where zeroes the steps before a row's first
-    kept one) takes the index transposed too, its mask transposed instead of the outputs."""
-    keras = pytest.importorskip("keras")
-    from tf2onnx_rnn import convert_keras
-
-    x = keras.Input((None, 3), name="x")
-    model = keras.Model(x, keras.layers.GRU(4, return_sequences=True)(keras.layers.Masking()(x)))
-    rng = np.random.default_rng(3)
-    model.set_weights([rng.standard_normal(w.shape).astype(np.float32) for w in model.get_weights()])
-    proto = convert_keras(model, target="portable")
-    made_by = {output: node for node in proto.graph.node for output in node.output}
-    last = made_by[proto.graph.output[0].name]
-    assert last.op_type == "Where", helpers.op_types(proto)
-    gather = made_by[last.input[1]]
-    assert gather.op_type == "Gather" and made_by[gather.input[1]].op_type == "Transpose", helpers.op_types(proto)
-    batch = rng.standard_normal((3, 7, 3)).astype(np.float32)
-    batch[0, :2] = 0.0  # pre-padded
-    batch[1, 5:] = 0.0  # post-padded
-    batch[2, 2:4] = 0.0  # holed
-    (got,) = helpers.ort_session(proto).run(None, {"x": batch})
-    np.testing.assert_allclose(got, np.asarray(model(batch, training=False)), rtol=1e-5, atol=1e-6)

@@ -177,6 +177,7 @@ class Emission:
             self.mask = context.mask_tensors[key]
         self.compacted = self.mask is not None and context.masks.compacts(layer)
         self._x = None
+        self.initial_inputs: dict = {}  # role -> the node's initial state input ("" for none), once built
 
     def current(self, tensor: str) -> str:
         return self.context.current(tensor)
@@ -244,7 +245,7 @@ class Emission:
         inputs[Slot.R] = self.stacked_const("R", "R")
         inputs[Slot.B] = self.stacked_const("B", "B")
         for role in first.kind.state_roles:
-            inputs[_STATE_INPUT[role]] = self.initial_state(role)
+            inputs[_STATE_INPUT[role]] = self.initial_inputs[role] = self.initial_state(role)
         peepholes = [pass_.P for pass_ in layer.passes]
         if any(p is not None for p in peepholes):
             inputs[Slot.P] = self.graph.make_const(utils.make_name(self.name + "_P"), np.stack(
@@ -322,26 +323,9 @@ class Emission:
 
     def sequence(self, node, index: int, wiring) -> str:
         """Pass ``index``'s [T, B, H] outputs at every step, in the time order of X."""
-        def sequence():
-            return self.form.steps(self, self.per_direction(self.node_y(node), index, 1))
-
         if self.mask is None:
-            return sequence()
-        backward = not self.layer.runs_forward(index)
-        if not self.compacted and (wiring.masked_output is MaskedOutput.ZERO or backward):
-            # post-padded: ONNX already gives zeros after each row's length, which is Keras's output
-            # there in zero mode, and, for a pass stepping backward, what it carries back from the end
-            return sequence()
-        start = self.context.states.carried_start(self, index)
-        if start is None and self.form.zeros_past_count:
-            # the node's own outputs are Keras's where no row's kept steps were moved (zero mode, a pass
-            # stepping backward) or where no step is masked (a carried output)
-            return self.mask.unless_needed(
-                lambda tensors: self.direction_of(self.node_y(node), index, tensors),
-                lambda tensors: tensors.restore_from_node(self.node_y(node), index, len(self.layer.passes),
-                                                          wiring.masked_output, backward),
-                post_padded=wiring.masked_output is MaskedOutput.ZERO or backward)
-        return self.mask.restore(sequence(), wiring.masked_output, start and self.current(start), backward)
+            return self.form.steps(self, self.per_direction(self.node_y(node), index, 1))
+        return self.form.masked_sequence(self, node, index, wiring)
 
     def reversed_in_time(self, sequence: str) -> str:
         """[T, ...] with the time axis reversed as a whole (a reversal of this emission's own reversal

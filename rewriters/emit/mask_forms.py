@@ -8,10 +8,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
-from ..description import Direction, NodeDirection, Pass, RecurrentLayer, StateRole
-from .mask_tensors import ALWAYS, AT_RUN_TIME, Always
+from onnx import numpy_helper
+
+from ..description import Direction, MaskedOutput, NodeDirection, Pass, RecurrentLayer, StateRole
+from .mask_tensors import ALWAYS, AT_RUN_TIME, Always, ScatteredMask
 
 if TYPE_CHECKING:  # the emitter hands itself to a variant; the variant never imports it
     from .emitter import Emission
@@ -25,8 +27,6 @@ class MaskForm:
     in compacted order, and its state at the last kept step. An unmasked layer takes this form
     with no mask (but for the portable target's reverse passes, see :meth:`Masks.form_for`).
     """
-
-    zeros_past_count = True  # the node's outputs past each row's kept count are zeros (sequence_lens)
 
     def __init__(self, note: str = ""):
         self.note = note  # why a layer asked for another form has this one, for the report
@@ -48,9 +48,28 @@ class MaskForm:
         return (emission.mask.compact(x) if emission.compacted else x), lengths
 
     def steps(self, emission: Emission, y: str) -> str:
-        """[T, B, H]: a pass's node outputs -> its outputs in the order of X, at compacted positions
-        when masked (zero past each row's kept count when not compacted)."""
+        """[T, B, H]: an unmasked pass's node outputs -> its outputs in the order of X."""
         return y
+
+    def masked_sequence(self, emission: Emission, node, index: int, wiring) -> str:
+        """[T, B, H]: a masked pass ``index``'s outputs at every step, in the time order of X."""
+        y = emission.per_direction(emission.node_y(node), index, 1)
+        mask = emission.mask
+        backward = not emission.layer.runs_forward(index)
+        if not emission.compacted and (wiring.masked_output is MaskedOutput.ZERO or backward):
+            # post-padded: ONNX already gives zeros after each row's length, which is Keras's output
+            # there in zero mode, and, for a pass stepping backward, what it carries back from the end
+            return y
+        start = emission.context.states.carried_start(emission, index)
+        if start is None:
+            # the node's own outputs are Keras's where no row's kept steps were moved (zero mode, a pass
+            # stepping backward) or where no step is masked (a carried output)
+            return mask.unless_needed(
+                lambda tensors: emission.direction_of(emission.node_y(node), index, tensors),
+                lambda tensors: tensors.restore_from_node(emission.node_y(node), index, len(emission.layer.passes),
+                                                          wiring.masked_output, backward),
+                post_padded=wiring.masked_output is MaskedOutput.ZERO or backward)
+        return mask.restore(y, wiring.masked_output, emission.current(start), backward)
 
     def state(self, emission: Emission, node, index: int, role: StateRole) -> str:
         """[1, B, H]: pass ``index``'s state at its last kept step (zeros for a row with none).
@@ -74,12 +93,13 @@ SEQUENCE_LENS = MaskForm()
 
 class PortableMask(MaskForm):
     """Target "portable": no computed ``sequence_lens`` (tract takes it only as a constant, onnx2torch
-    not at all). Each row's kept steps are compacted to the front as usual and the node runs over
+    not at all). Each row's kept steps are moved to the front (a scatter) and the node runs over
     every step; what comes after the kept steps never reaches an output: the outputs are gathered
     back from the kept positions, and the state from the last one (the output there is the hidden
-    state). A pass that steps backward runs FORWARD over each row's kept steps reversed (a gather,
-    composed with the compaction's), and its outputs are reversed back per row. A Bidirectional
-    layer becomes two forward nodes: one node cannot reverse its backward direction per row.
+    state). A pass that steps backward runs FORWARD over each row's kept steps in reverse (the
+    scatter writes them so), and the gather reads them back in reverse. A Bidirectional layer
+    becomes two forward nodes: one node cannot reverse its backward direction per row. The
+    arithmetic is :class:`.mask_tensors.MaskTensors`' scattered form.
 
     Exact for every layer whose final cell state (LSTM's c) is not used: the node outputs only h
     at each step (:meth:`Masks.form_for` keeps ``sequence_lens`` for those).
@@ -88,8 +108,6 @@ class PortableMask(MaskForm):
     the direction from the number of directions only), so an unmasked pass that steps backward
     runs forward over its input reversed in time too, its outputs reversed back.
     """
-
-    zeros_past_count = False  # the node runs over every step
 
     def layers(self, layer: RecurrentLayer) -> tuple:
         if layer.direction is not NodeDirection.BIDIRECTIONAL:
@@ -103,24 +121,42 @@ class PortableMask(MaskForm):
 
     def inputs(self, emission: Emission) -> tuple:
         x, mask = emission.x, emission.mask
-        if emission.layer.direction is NodeDirection.REVERSE:
-            return (emission.reversed_in_time(x) if mask is None else mask.compact_reversed(x, emission.compacted)), ""
-        return (mask.compact(x) if emission.compacted else x), ""
+        reversed_ = emission.layer.direction is NodeDirection.REVERSE
+        if mask is None:
+            return (emission.reversed_in_time(x) if reversed_ else x), ""
+        if not (reversed_ or emission.compacted):
+            return x, ""  # post-padded: the kept steps come first already
+        return ScatteredMask.of(mask).scattered(x, reversed_), ""
 
     def steps(self, emission: Emission, y: str) -> str:
-        mask = emission.mask
-        if emission.layer.direction is NodeDirection.REVERSE:
-            y = emission.reversed_in_time(y) if mask is None else mask.unreverse(y)
-        if mask is not None and not emission.compacted:
-            # post-padded: zeros past each row's kept steps, as sequence_lens gives
-            y = mask.op("Where", [mask.kept, y, mask.zero])
-        return y
+        return emission.reversed_in_time(y) if emission.layer.direction is NodeDirection.REVERSE else y
+
+    def masked_sequence(self, emission: Emission, node, index: int, wiring) -> str:
+        start = emission.context.states.carried_start(emission, index)
+        return ScatteredMask.of(emission.mask).restored(emission.per_direction(emission.node_y(node), index, 1),
+                                      emission.layer.first.hidden_size, wiring.masked_output,
+                                      start and emission.current(start),
+                                      emission.layer.direction is NodeDirection.REVERSE, self._zero_start(emission))
 
     def state(self, emission: Emission, node, index: int, role: StateRole) -> str:
         if emission.mask is None:  # the last step of the reversed input is the first: the node's own state
             return super().state(emission, node, index, role)
         assert role is StateRole.HIDDEN, "a cell state is not in the node's outputs"
-        return emission.mask.at_last_kept(emission.per_direction(emission.node_y(node), index, 1))
+        return ScatteredMask.of(emission.mask).last_kept(emission.per_direction(emission.node_y(node), index, 1),
+                                       emission.layer.first.hidden_size, self._zero_start(emission))
+
+    @staticmethod
+    def _zero_start(emission: Emission) -> Optional[str]:
+        """[1, B, H]: a node's initial h where it is zeros made here (:mod:`.states`: a ConstantOfShape
+        of 0), which the gather then reads as its zero row; else None."""
+        given = emission.initial_inputs.get(StateRole.HIDDEN, "")
+        made = emission.graph.get_node_by_output(given) if given and len(emission.layer.passes) == 1 else None
+        if made is not None and made.type == "Unsqueeze":
+            made = emission.graph.get_node_by_output(made.input[0])
+        if made is None or made.type != "ConstantOfShape":
+            return None
+        value = made.get_attr_value("value")
+        return given if value is not None and not numpy_helper.to_array(value).any() else None
 
     def describe(self, layer: RecurrentLayer, compacted: bool, choice: Always = ALWAYS) -> str:
         form = ["portable: no sequence_lens", "compacted" if compacted else

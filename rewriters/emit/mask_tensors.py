@@ -289,26 +289,6 @@ class MaskTensors:
         return self.op("Sub", [self.builder.make_unsqueeze({"data": self.counts, "axes": [0]}), self.const(1)])
 
     @_built_once
-    def last_rows(self) -> str:
-        """[1, B]: the row of a flattened [T*B, H] output at each row's last compacted kept
-        position (count - 1, clamped at 0)."""
-        return self.rows_at(self.op("Max", [self.last_position, self.const(0)]))
-
-    @_built_once
-    def reversal_rows(self) -> str:
-        """[T, B]: for position k of a row with n kept steps at the front, the row of a flattened
-        [T*B, ...] tensor to read so that the kept steps come in reverse: n-1-k for k < n, k after.
-        Reversing twice is the identity. (ReverseSequence does the same; tract has no ReverseSequence.)"""
-        flipped = self.op("Sub", [self.last_position, self.steps])
-        return self.rows_at(self.op("Where", [self.op("Less", [flipped, self.const(0)]), self.steps, flipped]))
-
-    @_built_once
-    def reversed_compaction_rows(self) -> str:
-        """[T, B]: :attr:`compaction_rows` with each row's kept steps in reverse (one gather of the input)."""
-        rows = self.op("Reshape", [self.compaction_rows, self.const([-1])])
-        return self.op("Gather", [rows, self.reversal_rows], axis=0)
-
-    @_built_once
     def kept(self) -> str:
         """[T, B, 1] bool: the kept steps."""
         return self.builder.make_unsqueeze({"data": self.bool, "axes": [2]})
@@ -341,22 +321,6 @@ class MaskTensors:
     def gathered(self, x: str) -> str:
         """:meth:`compact`'s gather."""
         return self.op("Gather", [self.op("Flatten", [x], axis=2), self.compaction_rows], axis=0)
-
-    def compact_reversed(self, x: str, compacted: bool = True) -> str:
-        """[T, B, F] -> each row's kept steps at the front in reverse order (last kept step first);
-        ``compacted=False``: the kept steps are at the front already (post-padded)."""
-        rows = self.reversed_compaction_rows if compacted else self.reversal_rows
-        return self.op("Gather", [self.op("Flatten", [x], axis=2), rows], axis=0)
-
-    def unreverse(self, y: str) -> str:
-        """[T, B, H] outputs of a node run over :meth:`compact_reversed` input -> in compacted order."""
-        return self.op("Gather", [self.op("Flatten", [y], axis=2), self.reversal_rows], axis=0)
-
-    def at_last_kept(self, y: str) -> str:
-        """[1, B, H]: a node's output at each row's last compacted kept position, which is its state
-        there; zeros for a row with no kept step (as ONNX gives with sequence_lens 0)."""
-        last = self.op("Gather", [self.op("Flatten", [y], axis=2), self.last_rows], axis=0)
-        return self.op("Where", [self.nonempty, last, self.zero])
 
     @_built_once
     def kept_source(self) -> str:
@@ -456,3 +420,144 @@ class LengthTensors(MaskTensors):
         """[T, B] bool: step t is kept in a row when t < its length."""
         lengths = self.builder.make_unsqueeze({"data": self.counts, "axes": [0]})
         return self.op("Less", [self.steps, lengths])
+
+
+class ScatteredMask:
+    """A mask's tensors in the scattered form, the portable and training forms' (no ``If``, no computed
+    ``sequence_lens``): each row's kept steps written to the front of the node's input by one
+    ScatterND, the node's outputs read back by one GatherND.
+
+    The arithmetic runs on the mask as it is laid out (:attr:`MaskTensors.laid_out`: Keras's [B, T]
+    mask is not transposed), on tensors with a trailing unit axis; a step's place in a time-major
+    [T, B, ...] tensor is the pair (position, row). OpenVINO pays about 1.5 us per node under
+    dynamic shapes, more than this work itself at batch 1: the form is built for few nodes (two
+    CumSums, no Shape, Range or Flatten), and with onnx2torch's ops (no ScatterElements, no
+    GatherND ``batch_dims``)."""
+
+    def __init__(self, mask: MaskTensors):
+        self.mask, self.graph, self.builder = mask, mask.graph, mask.builder
+        self.float_type_np = mask.float_type_np
+        self._cache: dict = {}
+
+    @classmethod
+    def of(cls, mask: MaskTensors) -> "ScatteredMask":
+        """``mask``'s scattered form, one per mask (its layers share it)."""
+        if "scattered" not in mask._cache:
+            mask._cache["scattered"] = cls(mask)
+        return mask._cache["scattered"]
+
+    @property
+    def laid_out(self) -> tuple:
+        return self.mask.laid_out
+
+    def op(self, op_type: str, inputs, **attrs) -> str:
+        return self.mask.op(op_type, inputs, **attrs)
+
+    def const(self, value, dtype=np.int64) -> str:
+        return self.mask.const(value, dtype)
+
+    @_built_once
+    def laid_bool(self) -> str:
+        """The bool mask as laid out, with a trailing unit axis: [B, T, 1] or [T, B, 1]."""
+        mask = self.laid_out[0]
+        if self.graph.get_dtype(mask) != TensorProto.BOOL:
+            mask = self.op("Cast", [mask], to=TensorProto.BOOL)
+        return self.builder.make_unsqueeze({"data": mask, "axes": [2]})
+
+    @_built_once
+    def laid_ints(self) -> str:
+        """:attr:`laid_bool` as int64 0/1 (a Where: tract's CumSum cannot add a Cast's ints, see :attr:`ints`)."""
+        return self.op("Where", [self.laid_bool, self.const(1), self.const(0)])
+
+    @_built_once
+    def kept_through(self) -> str:
+        """Kept steps up to and including each step, laid out: its compacted position plus one when kept."""
+        return self.op("CumSum", [self.laid_ints, self.const(self.laid_out[1])], exclusive=0, reverse=0)
+
+    @_built_once
+    def masked_through(self) -> str:
+        """Masked steps up to and including each step, laid out."""
+        masked = self.op("Where", [self.laid_bool, self.const(0), self.const(1)])
+        return self.op("CumSum", [masked, self.const(self.laid_out[1])], exclusive=0, reverse=0)
+
+    @_built_once
+    def laid_counts(self) -> str:
+        """Each row's kept steps: [B, 1, 1] or [1, B, 1]."""
+        return self.builder.make_reduce_sum({"data": self.laid_ints, "axes": [self.laid_out[1]], "keepdims": 1})
+
+    @_built_once
+    def row_pairs(self) -> str:
+        """(0, row) for each row, laid out ([B, 1, 2] or [1, B, 2]): a count of the rows up to each,
+        less one, with no Shape or Range."""
+        units = self.op("Add", [self.op("Mul", [self.laid_counts, self.const(0)]), self.const([0, 1])])
+        rows = self.op("CumSum", [units, self.const(1 - self.laid_out[1])], exclusive=0, reverse=0)
+        return self.op("Sub", [rows, self.const([0, 1])])
+
+    def pairs(self, position: str) -> str:
+        """Laid-out positions -> (position, row) pairs, the index of a time-major [T, B, ...] tensor."""
+        return self.op("Add", [self.op("Mul", [position, self.const([1, 0])]), self.row_pairs])
+
+    def in_time_order(self, laid: str) -> str:
+        """A tensor laid out as the mask is -> time-major (a swap of the first two axes when batch-major)."""
+        return self.op("Transpose", [laid], perm=[1, 0, 2]) if self.laid_out[1] else laid
+
+    def scattered(self, x: str, reversed_: bool) -> str:
+        """[T, B, F]: ``x`` with each row's kept steps moved to the front, in order or, ``reversed_``, last
+        kept step first; the masked steps follow, in order (where they land does not matter: the
+        node's outputs past each row's kept count are never read, and a recurrence does not reach
+        back). One ScatterND of each step to its position; a row's positions are a permutation of
+        0 .. T-1, so each is written once. A batch-major mask's steps are read from ``x`` before its
+        move to time-major where the graph has it (no copy back)."""
+        counts, through = self.laid_counts, self.kept_through
+        kept = self.op("Sub", [counts, through]) if reversed_ else self.op("Sub", [through, self.const(1)])
+        masked = self.op("Add", [counts, self.op("Sub", [self.masked_through, self.const(1)])])
+        position = self.op("Where", [self.laid_bool, kept, masked])
+        laid_x = x
+        if self.laid_out[1]:
+            moved = self.graph.get_node_by_output(x)
+            swapped = moved is not None and moved.type == "Transpose" and \
+                list(moved.get_attr_value("perm") or ()) == [1, 0, 2]
+            laid_x = moved.input[0] if swapped else self.op("Transpose", [x], perm=[1, 0, 2])
+        return self.op("ScatterND", [x, self.pairs(position), laid_x])
+
+    def zero_row(self, hidden: int) -> str:
+        """[1, B, H] zeros of the layer's float type (from the counts: finite, so times zero is zero)."""
+        key = ("zero row", hidden)
+        if key not in self._cache:
+            zeros = self.const(np.zeros(hidden), self.float_type_np)
+            counts = self.op("Cast", [self.in_time_order(self.laid_counts)],
+                             to=helper.np_dtype_to_tensor_dtype(self.float_type_np))
+            self._cache[key] = self.op("Mul", [counts, zeros])
+        return self._cache[key]
+
+    def _gathered(self, y: str, first: str, position: str) -> str:
+        """Time-major: the node's outputs ``y`` [T, B, H] at each laid-out compacted ``position`` plus one,
+        ``first`` ([1, B, H]) at 0: one GatherND from ``first`` and ``y`` concatenated (a row with no
+        kept step to read reads ``first``). Kept time-major: tf2onnx's optimizers would move a
+        transpose of ``y`` past the Concat, a copy of the whole of it."""
+        key = ("table", y, first)
+        if key not in self._cache:
+            self._cache[key] = self.op("Concat", [first, y], axis=0)
+        return self.in_time_order(self.op("GatherND", [self._cache[key], self.pairs(position)]))
+
+    def restored(self, y: str, hidden: int, output: MaskedOutput, start: Optional[str], reversed_: bool,
+                 zeros: Optional[str] = None) -> str:
+        """[T, B, H]: a node's outputs ``y`` [T, B, H], run over :meth:`scattered` input (or over input
+        whose kept steps come first), -> Keras's outputs at every step: at a masked step the latest
+        kept step's output (``start`` [B, H], or zeros, before the first), or zeros (``ZERO``). A pass
+        run ``reversed_`` carries back in time, zeros after each row's last kept step. One GatherND.
+        ``zeros``: [1, B, H] zeros at hand (the node's initial state), else :meth:`zero_row`."""
+        through = self.kept_through
+        position = self.op("Add", [self.op("Sub", [self.laid_counts, through]), self.laid_ints]) if reversed_ \
+            else through
+        if output is MaskedOutput.ZERO:
+            position = self.op("Where", [self.laid_bool, position, self.const(0)])
+        first = zeros or self.zero_row(hidden)
+        if start is not None and not reversed_ and output is not MaskedOutput.ZERO:
+            first = self.builder.make_unsqueeze({"data": start, "axes": [0]})
+        return self._gathered(y, first, position)
+
+    def last_kept(self, y: str, hidden: int, zeros: Optional[str] = None) -> str:
+        """[1, B, H]: the output of a node run over :meth:`scattered` input at each row's last kept
+        step, which is its state there; zeros for a row with none."""
+        return self._gathered(y, zeros or self.zero_row(hidden), self.laid_counts)

@@ -32,7 +32,7 @@ def fold_transposed_gathers(model_proto: onnx.ModelProto) -> int:
 def fold_graph(graph: onnx.GraphProto) -> int:
     """:func:`fold_transposed_gathers` on one graph (an ``If`` branch's too: its outputs count as read).
     A ``Where`` between the gather and the transpose, selecting on a mask unsqueezed at axis 2 against
-    a scalar (the restore of the portable and training forms), moves with it: its mask is transposed
+    a scalar (a restore in zero mode), moves with it: its mask is transposed
     instead (bools, one per step and row) and the outputs still take one pass fewer."""
     written = list(graph.node)  # held, so that each node keeps its wrapper (and ``id``) throughout
     producer = {output: node for node in written for output in node.output}
