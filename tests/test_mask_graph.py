@@ -75,12 +75,12 @@ def test_the_portable_form_scatters_the_input_and_gathers_the_outputs_once(maske
     made_by = {output: node for node in helpers.all_nodes(proto) for output in node.output}
     (scatter,) = helpers.nodes_of_types(proto, ["ScatterND"])
     assert scatter.input[2] == "x", scatter
-    pairs = made_by[scatter.input[1]]
-    assert pairs.op_type == "Add" and made_by[pairs.input[0]].op_type == "Mul", pairs
+    less_one = made_by[scatter.input[1]]  # the kept steps' ranks are their counts through them, less one
+    pairs = made_by[less_one.input[0]]
+    assert less_one.op_type == "Sub" and pairs.op_type == "Add" and made_by[pairs.input[0]].op_type == "Mul", pairs
     position = made_by[made_by[pairs.input[0]].input[0]]
     assert position.op_type == "Where", position
-    ranks = made_by[position.input[1]]
-    assert ranks.op_type == "Sub" and made_by[ranks.input[0]].op_type == "CumSum", ranks
+    assert made_by[position.input[1]].op_type == "CumSum", made_by[position.input[1]]
     last = made_by[proto.graph.output[0].name]
     assert last.op_type == "GatherND", helpers.op_types(proto)
     table = made_by[last.input[0]]

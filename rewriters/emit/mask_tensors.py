@@ -493,9 +493,11 @@ class ScatteredMask:
         rows = self.op("CumSum", [units, self.const(1 - self.laid_out[1])], exclusive=0, reverse=0)
         return self.op("Sub", [rows, self.const([0, 1])])
 
-    def pairs(self, position: str) -> str:
-        """Laid-out positions -> (position, row) pairs, the index of a time-major [T, B, ...] tensor."""
-        return self.op("Add", [self.op("Mul", [position, self.const([1, 0])]), self.row_pairs])
+    def pairs(self, position: str, less_one: bool = False) -> str:
+        """Laid-out positions (``less_one``: each less one) -> (position, row) pairs, the index of a
+        time-major [T, B, ...] tensor."""
+        pairs = self.op("Add", [self.op("Mul", [position, self.const([1, 0])]), self.row_pairs])
+        return self.op("Sub", [pairs, self.const([1, 0])]) if less_one else pairs
 
     def in_time_order(self, laid: str) -> str:
         """A tensor laid out as the mask is -> time-major (a swap of the first two axes when batch-major)."""
@@ -509,8 +511,9 @@ class ScatteredMask:
         0 .. T-1, so each is written once. A batch-major mask's steps are read from ``x`` before its
         move to time-major where the graph has it (no copy back)."""
         counts, through = self.laid_counts, self.kept_through
-        kept = self.op("Sub", [counts, through]) if reversed_ else self.op("Sub", [through, self.const(1)])
-        masked = self.op("Add", [counts, self.op("Sub", [self.masked_through, self.const(1)])])
+        # each position plus one (the one taken off the pairs: a node fewer, ``through`` itself)
+        kept = self.op("Add", [self.op("Sub", [counts, through]), self.const(1)]) if reversed_ else through
+        masked = self.op("Add", [counts, self.masked_through])
         position = self.op("Where", [self.laid_bool, kept, masked])
         laid_x = x
         if self.laid_out[1]:
@@ -518,7 +521,7 @@ class ScatteredMask:
             swapped = moved is not None and moved.type == "Transpose" and \
                 list(moved.get_attr_value("perm") or ()) == [1, 0, 2]
             laid_x = moved.input[0] if swapped else self.op("Transpose", [x], perm=[1, 0, 2])
-        return self.op("ScatterND", [x, self.pairs(position), laid_x])
+        return self.op("ScatterND", [x, self.pairs(position, less_one=True), laid_x])
 
     def zero_row(self, hidden: int) -> str:
         """[1, B, H] zeros of the layer's float type (from the counts: finite, so times zero is zero)."""
