@@ -66,7 +66,7 @@ def test_the_compaction_scatters_the_kept_ranks(masked_model):
 def test_the_portable_form_scatters_the_input_and_gathers_the_outputs_once(masked_model):
     """The portable form (no If, no sequence_lens) on Keras's batch-major mask, as laid out: the input's
     steps scattered to their (position, row) once, from the batch-major input (no copy back from
-    time-major), and the outputs gathered batch-major from the node's outputs under a zero row, once:
+    time-major), and the outputs gathered batch-major from the node's outputs after a zero step, once:
     no Shape, Range or Flatten in the mask's arithmetic, no Transpose of the mask or of the outputs,
     no Where over the outputs. OpenVINO pays per node under dynamic shapes."""
     from tf2onnx_rnn import convert_keras
@@ -83,8 +83,10 @@ def test_the_portable_form_scatters_the_input_and_gathers_the_outputs_once(maske
     assert made_by[position.input[1]].op_type == "CumSum", made_by[position.input[1]]
     last = made_by[proto.graph.output[0].name]
     assert last.op_type == "GatherND", helpers.op_types(proto)
-    table = made_by[last.input[0]]
-    assert table.op_type == "Concat" and helpers.attribute(table, "axis") == 0, table
+    table = made_by[last.input[0]]  # a zero step before the node's outputs: what a step before any kept one reads
+    assert table.op_type == "Pad" and helpers.attribute(table, "mode") in ("constant", b"constant"), table
+    pads = {t.name: onnx.numpy_helper.to_array(t) for t in proto.graph.initializer}[table.input[1]]
+    assert pads.tolist() == [1, 0, 0, 0, 0, 0], pads
     assert not helpers.nodes_of_types(proto, ["Range", "Flatten", "TopK"]), helpers.op_types(proto)
     assert [n.op_type for n in proto.graph.node].count("Shape") == 1, helpers.op_types(proto)  # the zero states
     transposes = helpers.nodes_of_types(proto, ["Transpose"])

@@ -177,7 +177,6 @@ class Emission:
             self.mask = context.mask_tensors[key]
         self.compacted = self.mask is not None and context.masks.compacts(layer)
         self._x = None
-        self.initial_inputs: dict = {}  # role -> the node's initial state input ("" for none), once built
 
     def current(self, tensor: str) -> str:
         return self.context.current(tensor)
@@ -245,7 +244,7 @@ class Emission:
         inputs[Slot.R] = self.stacked_const("R", "R")
         inputs[Slot.B] = self.stacked_const("B", "B")
         for role in first.kind.state_roles:
-            inputs[_STATE_INPUT[role]] = self.initial_inputs[role] = self.initial_state(role)
+            inputs[_STATE_INPUT[role]] = self.initial_state(role)
         peepholes = [pass_.P for pass_ in layer.passes]
         if any(p is not None for p in peepholes):
             inputs[Slot.P] = self.graph.make_const(utils.make_name(self.name + "_P"), np.stack(

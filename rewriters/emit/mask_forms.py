@@ -8,9 +8,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Optional
-
-from onnx import numpy_helper
+from typing import TYPE_CHECKING
 
 from ..description import Direction, MaskedOutput, NodeDirection, Pass, RecurrentLayer, StateRole
 from .mask_tensors import ALWAYS, AT_RUN_TIME, Always, ScatteredMask
@@ -134,29 +132,14 @@ class PortableMask(MaskForm):
     def masked_sequence(self, emission: Emission, node, index: int, wiring) -> str:
         start = emission.context.states.carried_start(emission, index)
         return ScatteredMask.of(emission.mask).restored(emission.per_direction(emission.node_y(node), index, 1),
-                                      emission.layer.first.hidden_size, wiring.masked_output,
-                                      start and emission.current(start),
-                                      emission.layer.direction is NodeDirection.REVERSE, self._zero_start(emission))
+                                                        wiring.masked_output, start and emission.current(start),
+                                                        emission.layer.direction is NodeDirection.REVERSE)
 
     def state(self, emission: Emission, node, index: int, role: StateRole) -> str:
         if emission.mask is None:  # the last step of the reversed input is the first: the node's own state
             return super().state(emission, node, index, role)
         assert role is StateRole.HIDDEN, "a cell state is not in the node's outputs"
-        return ScatteredMask.of(emission.mask).last_kept(emission.per_direction(emission.node_y(node), index, 1),
-                                       emission.layer.first.hidden_size, self._zero_start(emission))
-
-    @staticmethod
-    def _zero_start(emission: Emission) -> Optional[str]:
-        """[1, B, H]: a node's initial h where it is zeros made here (:mod:`.states`: a ConstantOfShape
-        of 0), which the gather then reads as its zero row; else None."""
-        given = emission.initial_inputs.get(StateRole.HIDDEN, "")
-        made = emission.graph.get_node_by_output(given) if given and len(emission.layer.passes) == 1 else None
-        if made is not None and made.type == "Unsqueeze":
-            made = emission.graph.get_node_by_output(made.input[0])
-        if made is None or made.type != "ConstantOfShape":
-            return None
-        value = made.get_attr_value("value")
-        return given if value is not None and not numpy_helper.to_array(value).any() else None
+        return ScatteredMask.of(emission.mask).last_kept(emission.per_direction(emission.node_y(node), index, 1))
 
     def describe(self, layer: RecurrentLayer, compacted: bool, choice: Always = ALWAYS) -> str:
         form = ["portable: no sequence_lens", "compacted" if compacted else

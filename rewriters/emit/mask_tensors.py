@@ -523,44 +523,35 @@ class ScatteredMask:
             laid_x = moved.input[0] if swapped else self.op("Transpose", [x], perm=[1, 0, 2])
         return self.op("ScatterND", [x, self.pairs(position, less_one=True), laid_x])
 
-    def zero_row(self, hidden: int) -> str:
-        """[1, B, H] zeros of the layer's float type (from the counts: finite, so times zero is zero)."""
-        key = ("zero row", hidden)
-        if key not in self._cache:
-            zeros = self.const(np.zeros(hidden), self.float_type_np)
-            counts = self.op("Cast", [self.in_time_order(self.laid_counts)],
-                             to=helper.np_dtype_to_tensor_dtype(self.float_type_np))
-            self._cache[key] = self.op("Mul", [counts, zeros])
-        return self._cache[key]
-
-    def _gathered(self, y: str, first: str, position: str) -> str:
+    def _gathered(self, y: str, first: Optional[str], position: str) -> str:
         """Time-major: the node's outputs ``y`` [T, B, H] at each laid-out compacted ``position`` plus one,
-        ``first`` ([1, B, H]) at 0: one GatherND from ``first`` and ``y`` concatenated (a row with no
-        kept step to read reads ``first``). Kept time-major: tf2onnx's optimizers would move a
-        transpose of ``y`` past the Concat, a copy of the whole of it."""
+        with ``first`` ([1, B, H]; zeros when None) at 0: one GatherND from ``y`` after ``first`` (a
+        step with no kept step to read reads ``first``). Zeros come from a Pad (no tensor of zeros:
+        onnxruntime's training build cannot differentiate two Concats reading one that needs no
+        gradient, and tf2onnx merges equal ones). Time-major: tf2onnx's optimizers would move a
+        transpose of ``y`` past it, a copy of the whole of it."""
         key = ("table", y, first)
         if key not in self._cache:
-            self._cache[key] = self.op("Concat", [first, y], axis=0)
+            self._cache[key] = self.op("Pad", [y, self.const([1, 0, 0, 0, 0, 0])], mode="constant") \
+                if first is None else self.op("Concat", [first, y], axis=0)
         return self.in_time_order(self.op("GatherND", [self._cache[key], self.pairs(position)]))
 
-    def restored(self, y: str, hidden: int, output: MaskedOutput, start: Optional[str], reversed_: bool,
-                 zeros: Optional[str] = None) -> str:
+    def restored(self, y: str, output: MaskedOutput, start: Optional[str], reversed_: bool) -> str:
         """[T, B, H]: a node's outputs ``y`` [T, B, H], run over :meth:`scattered` input (or over input
         whose kept steps come first), -> Keras's outputs at every step: at a masked step the latest
         kept step's output (``start`` [B, H], or zeros, before the first), or zeros (``ZERO``). A pass
-        run ``reversed_`` carries back in time, zeros after each row's last kept step. One GatherND.
-        ``zeros``: [1, B, H] zeros at hand (the node's initial state), else :meth:`zero_row`."""
+        run ``reversed_`` carries back in time, zeros after each row's last kept step. One GatherND."""
         through = self.kept_through
         position = self.op("Add", [self.op("Sub", [self.laid_counts, through]), self.laid_ints]) if reversed_ \
             else through
         if output is MaskedOutput.ZERO:
             position = self.op("Where", [self.laid_bool, position, self.const(0)])
-        first = zeros or self.zero_row(hidden)
+        first = None
         if start is not None and not reversed_ and output is not MaskedOutput.ZERO:
             first = self.builder.make_unsqueeze({"data": start, "axes": [0]})
         return self._gathered(y, first, position)
 
-    def last_kept(self, y: str, hidden: int, zeros: Optional[str] = None) -> str:
+    def last_kept(self, y: str) -> str:
         """[1, B, H]: the output of a node run over :meth:`scattered` input at each row's last kept
         step, which is its state there; zeros for a row with none."""
-        return self._gathered(y, zeros or self.zero_row(hidden), self.laid_counts)
+        return self._gathered(y, None, self.laid_counts)
