@@ -29,7 +29,8 @@ import test_parity_masking as masking
 from parity import FEATURES, UNITS
 
 MOVES = frozenset({"Transpose", "GatherND", "Gather", "Flatten", "Slice", "Reshape", "Squeeze", "Unsqueeze",
-                   "Identity", "ReverseSequence", "MatMul", "Add"})  # MatMul, Add: the Scan form's projection
+                   "Identity", "ReverseSequence", "MatMul", "Add",  # MatMul, Add: the Scan form's projection
+                   "ScatterND"})  # the portable form's compaction: followed through what it writes (its updates)
 SELECTS = frozenset({"Where", "Mul"})
 
 
@@ -128,7 +129,7 @@ def read_from(graph, tensor: str, outer: dict = None):
             if len({(end, maker.name if maker is not None else None) for end, maker in ends}) != 1:
                 return tensor, node
             return ends[0]
-        tensor = node.input[0]
+        tensor = node.input[2] if node.op_type == "ScatterND" else node.input[0]
         node = producers.get(tensor)
     return tensor, node
 
