@@ -122,7 +122,7 @@ def masking_source(graph, x: str, mask: str) -> Optional[MaskingSource]:
     Then at every step ``mask`` keeps, ``x`` equals ``source`` moved alike, bit for bit (``Masking``
     gives ``x`` where its mask holds: ``SelectV2(m, x, 0)`` in Keras 3, ``x * cast(m)`` in tf_keras,
     and ``x * 1`` is ``x``). None otherwise."""
-    select, moves = _moves(graph, x, units=False)
+    select, moves = axis_moves(graph, x)
     node = graph.get_node_by_output(select)
     if node is None or not moves:
         return None
@@ -160,6 +160,11 @@ def moved(graph, tensor: str, moves: tuple) -> str:
             tensor = builder.make_slice({"data": tensor, "starts": [-1] * len(axes), "ends": [-(2 ** 62)] * len(axes),
                                          "steps": [-1] * len(axes), "axes": list(axes)})
     return tensor
+
+
+def axis_moves(graph, tensor: str) -> tuple:
+    """(root, moves): ``tensor`` as ``root`` seen through exchanges of its first two axes and reversals."""
+    return _moves(graph, tensor, units=False)
 
 
 def unit_axis_moves(graph, mask: str) -> tuple:

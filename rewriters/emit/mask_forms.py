@@ -97,7 +97,7 @@ class PortableMask(MaskForm):
     state). A pass that steps backward runs FORWARD over each row's kept steps in reverse (the
     scatter writes them so), and the gather reads them back in reverse. A Bidirectional layer
     becomes two forward nodes: one node cannot reverse its backward direction per row. The
-    arithmetic is :class:`.mask_tensors.MaskTensors`' scattered form.
+    arithmetic is :class:`.mask_tensors.ScatteredMask`.
 
     Exact for every layer whose final cell state (LSTM's c) is not used: the node outputs only h
     at each step (:meth:`Masks.form_for` keeps ``sequence_lens`` for those).

@@ -19,7 +19,7 @@ from tf2onnx import utils
 from tf2onnx.graph_builder import GraphBuilder
 
 from ..description import MaskedOutput, NoMatch
-from .bool_masks import SWAP, unit_axis_moves
+from .bool_masks import SWAP, axis_moves, unit_axis_moves
 
 
 def _of_flags(graph, mask: str) -> bool:
@@ -436,7 +436,6 @@ class ScatteredMask:
 
     def __init__(self, mask: MaskTensors):
         self.mask, self.graph, self.builder = mask, mask.graph, mask.builder
-        self.float_type_np = mask.float_type_np
         self._cache: dict = {}
 
     @classmethod
@@ -517,10 +516,8 @@ class ScatteredMask:
         position = self.op("Where", [self.laid_bool, kept, masked])
         laid_x = x
         if self.laid_out[1]:
-            moved = self.graph.get_node_by_output(x)
-            swapped = moved is not None and moved.type == "Transpose" and \
-                list(moved.get_attr_value("perm") or ()) == [1, 0, 2]
-            laid_x = moved.input[0] if swapped else self.op("Transpose", [x], perm=[1, 0, 2])
+            root, moves = axis_moves(self.graph, x)
+            laid_x = root if moves == (SWAP,) else self.op("Transpose", [x], perm=[1, 0, 2])
         return self.op("ScatterND", [x, self.pairs(position, less_one=True), laid_x])
 
     def _gathered(self, y: str, first: Optional[str], position: str) -> str:
