@@ -112,6 +112,46 @@ def test_a_recurrent_node_never_moves():
         np.testing.assert_array_equal(after[0], before[0])
 
 
+def test_the_mask_flags_are_read_from_keras_any_as_uint8s():
+    """``Cast(Cast(r, bool), int64)`` of ``r = ReduceMax(Cast(b, uint8))`` (Keras's ``Any`` as the rewriter
+    writes it, whose flags the emitter cannot see: the rewrite of ``Any`` comes after the loops) reads
+    ``r``: the same 0/1 values, no Cast chain. A chain from anything else stays."""
+    def chain(source_type):
+        nodes = [helper.make_node("Not", ["padding"], ["kept"]),
+                 helper.make_node("Cast", ["kept"], ["kept_u8"], to=source_type),
+                 helper.make_node("ReduceMax", ["kept_u8"], ["any_u8"], axes=[2], keepdims=0),
+                 helper.make_node("Cast", ["any_u8"], ["any"], to=TensorProto.BOOL),
+                 helper.make_node("Cast", ["any"], ["flags"], to=TensorProto.INT64),
+                 helper.make_node("ReduceSum", ["flags"], ["counts"], keepdims=0, axes=[1]),
+                 helper.make_node("Cast", ["counts"], ["counted"], to=TensorProto.FLOAT),
+                 helper.make_node("If", ["c"], ["y"], then_branch=_branch(
+                     "then", [helper.make_node("Identity", ["counted"], ["then_out"])], "then_out"),
+                     else_branch=_branch("else", [helper.make_node("Neg", ["counted"], ["else_out"])], "else_out"))]
+        inputs = [helper.make_tensor_value_info("padding", TensorProto.BOOL, [B, T, F]),
+                  helper.make_tensor_value_info("c", TensorProto.BOOL, [])]
+        graph = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 12)])
+        model.ir_version = 8
+        return model
+
+    padding = np.random.default_rng(2).random((B, T, F)) < 0.6
+
+    def run(model):
+        return np.concatenate([helpers.ort_session(model).run(None, {"padding": padding, "c": np.array(c)})[0]
+                               for c in (True, False)])
+
+    model = chain(TensorProto.UINT8)
+    want = run(model)
+    assert lean_branches(model) >= 1
+    flags = next(n for n in helpers.all_nodes(model) if n.output[0] == "flags")
+    assert list(flags.input) == ["any_u8"], flags
+    np.testing.assert_array_equal(run(model), want)
+    assert want[:B].max() > 0 and want[:B].min() < T  # the batch has kept and masked steps
+    model = chain(TensorProto.INT32)  # not the rewriter's uint8 flags: left as it is
+    lean_branches(model)
+    assert next(n for n in helpers.all_nodes(model) if n.output[0] == "flags").input[0] == "any"
+
+
 @pytest.mark.parametrize("shared_reader", [False, True])
 def test_a_model_without_if_is_left_as_it_is(shared_reader):
     model = _model(shared_reader)

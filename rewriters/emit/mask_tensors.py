@@ -22,20 +22,6 @@ from ..description import MaskedOutput, NoMatch
 from .bool_masks import SWAP, axis_moves, unit_axis_moves
 
 
-def _of_flags(graph, mask: str) -> bool:
-    """Whether ``mask`` is a Cast to bool of 0/1 uint8s: tf2onnx's ``Any`` as :mod:`.bool_masks` writes
-    it, ``Cast(ReduceMax(Cast(b, uint8)), bool)`` (read from the uint8s, one Cast fewer; onnxruntime's
-    optimizer would try to merge the two Casts and warn that an If's branch reads the first)."""
-    made = graph.get_node_by_output(mask)
-    if made is None or made.type != "Cast" or made.get_attr_value("to") != TensorProto.BOOL:
-        return False
-    if graph.get_dtype(made.input[0]) == TensorProto.UINT8:
-        return True
-    reduced = graph.get_node_by_output(made.input[0])
-    flags = graph.get_node_by_output(reduced.input[0]) if reduced is not None and reduced.type == "ReduceMax" else None
-    return flags is not None and flags.type == "Cast" and flags.get_attr_value("to") == TensorProto.UINT8
-
-
 class Always:
     """Compaction and restore in every run: what consumers without ``If`` (tract, onnx2torch) need.
     The portable and training forms take it."""
@@ -189,12 +175,10 @@ class MaskTensors:
     @_built_once
     def flags(self) -> str:
         """The mask as int64 0/1, laid out as it is made (:attr:`laid_out`): what the lengths and the
-        run-time conditions read, with no transpose. A bool made by a Cast of 0/1 integers (tf2onnx's
-        ``Any``, :mod:`.bool_masks`) is read from those."""
-        mask, _ = self.laid_out
-        if _of_flags(self.graph, mask):
-            mask = self.graph.get_node_by_output(mask).input[0]
-        return self.op("Cast", [mask], to=TensorProto.INT64)
+        run-time conditions read, with no transpose. Keras's ``Any`` is still TensorFlow's op here
+        (:func:`.bool_masks.integer_any` rewrites it after the loops); on the written model
+        :mod:`.if_branches` reads these flags from its uint8s."""
+        return self.op("Cast", [self.laid_out[0]], to=TensorProto.INT64)
 
     def op(self, op_type: str, inputs, **attrs) -> str:
         return self.graph.make_node(op_type, inputs, attr=attrs).output[0]
