@@ -229,6 +229,7 @@ class Wiring:
     final_states: tuple[tuple[StateRole, str], ...] = ()  # become a state, [B, H]
     initial_states: tuple[tuple[StateRole, str], ...] = ()  # [B, H] tensors; absent roles start at zero
     constant_states: tuple[StateRole, ...] = ()  # initial states that are constants (a stateful layer's, frozen)
+    zero_states: tuple[StateRole, ...] = ()  # initial states given as zeros the emitter built (none of the model's)
     mask: Optional[str] = None  # time-major [T, B] or [T, B, 1] bool, in step order
     mask_unreversed: Optional[str] = None  # for a backward pass: the mask before Keras reversed it
     mask_source: str = ""  # where the mask comes from, for the report

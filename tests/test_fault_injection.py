@@ -332,7 +332,7 @@ RUN_ONLY_WITH = {
     ("scan.normalisation", ""): {"model": "scan", "opset": 17},
     ("emit.kernels", ""): {"target": "onnxruntime"},  # what builds a recurrence otherwise than as its node
     ("emit.mask_forms", "PortableMask"): {"target": "portable"},
-    ("emit.mask_tensors", "ScatteredMask"): {"target": "portable"},
+    ("emit.scattered_mask", ""): {"target": "portable"},
     ("emit.gathered_reversal", ""): {"target": "portable"},
     ("emit.states", "ExplicitZeroStates"): {"target": "portable"},
     ("emit.states", "_zero_states"): {"target": "portable"},

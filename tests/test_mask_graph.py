@@ -115,3 +115,40 @@ def test_a_bool_mask_input_is_read_as_it_is():
         kept = np.any(xv != 0.0, axis=-1)
         (got,) = helpers.ort_session(proto).run(None, {"x": xv, "mask": kept})
         np.testing.assert_allclose(got, np.asarray(model([xv, kept], training=False)), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("initial_state", [False, True])
+def test_a_portable_layers_final_state_reads_the_masks_counts_once(initial_state):
+    """A masked layer returning its state in the portable form: a row with no kept step reads zeros from
+    the gather, which is where a layer starting at zero keeps it, so no select follows; one given an
+    initial state selects it there, on the rows the scatter's own counts find (one ReduceSum of the mask,
+    not a second count of its time-major copy). Both on a batch of every row kind. (The mask is a model
+    input: Keras 3 passes a Masking layer's mask on to no layer called with an initial state.)"""
+    from tf2onnx_rnn import convert_keras
+
+    keras = parity.keras_module(parity.FLAVORS[0])
+    x, mask = keras.Input((None, FEATURES), name="x"), keras.Input((None,), dtype="bool", name="mask")
+    inputs, call = [x, mask], {"mask": mask}
+    if initial_state:
+        call["initial_state"] = keras.Input((UNITS,), name="h0")
+        inputs.append(call["initial_state"])
+    sequence, state = keras.layers.GRU(UNITS, return_sequences=True, return_state=True)(x, **call)
+    model = keras.Model(inputs, [sequence, state])
+    rng = np.random.default_rng(6)
+    model.set_weights([rng.standard_normal(w.shape).astype(np.float32) for w in model.get_weights()])
+    proto = convert_keras(model, target="portable")
+    ops = helpers.op_types(proto)
+    assert ops.count("ReduceSum") == 1 and "ScatterND" in ops, ops
+    made_by = {output: node for node in helpers.all_nodes(proto) for output in node.output}
+    final = made_by[proto.graph.output[1].name]
+    while final.op_type in ("Identity", "Squeeze"):
+        final = made_by[final.input[0]]
+    assert final.op_type == ("Where" if initial_state else "GatherND"), final
+    xv = _every_row_kind()
+    feeds = {"x": xv, "mask": np.any(xv != 0.0, axis=-1)}
+    if initial_state:
+        feeds["h0"] = rng.standard_normal((len(xv), UNITS)).astype(np.float32)
+    got = helpers.ort_session(proto).run(None, feeds)
+    want = model([feeds[name] for name in ("x", "mask", "h0")[:len(inputs)]], training=False)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, np.asarray(b), rtol=1e-5, atol=1e-6)

@@ -307,17 +307,19 @@ class Emission:
         start = self.context.states.carried_start(self, index) if self.mask is not None else None
         if start is not None:
             # a row with no kept step repeats the output carried in (ONNX gives zeros)
-            last = self.mask.op("Where", [self.mask.nonempty, last, self.builder.make_unsqueeze(
+            last = self.mask.op("Where", [self.form.nonempty(self), last, self.builder.make_unsqueeze(
                 {"data": self.current(start), "axes": [0]})])
         return last
 
     def final_state(self, node, index: int, role: StateRole) -> str:
         """[B, H]: the state pass ``index`` ends with."""
         state = self.builder.make_squeeze({"data": self.form.state(self, node, index, role), "axes": [0]})
-        initial = dict(self.layer.passes[index].wiring.initial_states)
-        if self.mask is not None and role in initial:
+        wiring = self.layer.passes[index].wiring
+        initial = dict(wiring.initial_states)
+        if self.mask is not None and role in initial and not (
+                role in wiring.zero_states and self.form.zero_where_empty):
             # a row with no kept step keeps its initial state (ONNX gives zeros)
-            state = self.mask.op("Where", [self.mask.nonempty, state, self.current(initial[role])])
+            state = self.mask.op("Where", [self.form.nonempty(self), state, self.current(initial[role])])
         return state
 
     def sequence(self, node, index: int, wiring) -> str:

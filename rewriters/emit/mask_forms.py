@@ -11,7 +11,8 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from ..description import Direction, MaskedOutput, NodeDirection, Pass, RecurrentLayer, StateRole
-from .mask_tensors import ALWAYS, AT_RUN_TIME, Always, ScatteredMask
+from .mask_tensors import ALWAYS, AT_RUN_TIME, Always
+from .scattered_mask import ScatteredMask
 
 if TYPE_CHECKING:  # the emitter hands itself to a variant; the variant never imports it
     from .emitter import Emission
@@ -69,6 +70,14 @@ class MaskForm:
                 post_padded=wiring.masked_output is MaskedOutput.ZERO or backward)
         return mask.restore(y, wiring.masked_output, emission.current(start), backward)
 
+    # whether :meth:`state` is zeros for a row with no kept step, so that a state starting at zeros needs no
+    # select there: not with sequence_lens, where it is whatever the runtime's kernel writes for a length of 0
+    zero_where_empty = False
+
+    def nonempty(self, emission: Emission) -> str:
+        """[B, 1] bool: the rows with a kept step."""
+        return emission.mask.nonempty
+
     def state(self, emission: Emission, node, index: int, role: StateRole) -> str:
         """[1, B, H]: pass ``index``'s state at its last kept step (zeros for a row with none).
         onnxruntime 1.23's RNN kernel leaves Y_h of a row whose sequence_lens is 0 unwritten (any
@@ -97,7 +106,7 @@ class PortableMask(MaskForm):
     state). A pass that steps backward runs FORWARD over each row's kept steps in reverse (the
     scatter writes them so), and the gather reads them back in reverse. A Bidirectional layer
     becomes two forward nodes: one node cannot reverse its backward direction per row. The
-    arithmetic is :class:`.mask_tensors.ScatteredMask`.
+    arithmetic is :class:`.scattered_mask.ScatteredMask`.
 
     Exact for every layer whose final cell state (LSTM's c) is not used: the node outputs only h
     at each step (:meth:`Masks.form_for` keeps ``sequence_lens`` for those).
@@ -134,6 +143,11 @@ class PortableMask(MaskForm):
         return ScatteredMask.of(emission.mask).restored(emission.per_direction(emission.node_y(node), index, 1),
                                                         wiring.masked_output, start and emission.current(start),
                                                         emission.layer.direction is NodeDirection.REVERSE)
+
+    zero_where_empty = True  # the state is read from the outputs after a zero step, which a row with none reads
+
+    def nonempty(self, emission: Emission) -> str:
+        return ScatteredMask.of(emission.mask).nonempty
 
     def state(self, emission: Emission, node, index: int, role: StateRole) -> str:
         if emission.mask is None:  # the last step of the reversed input is the first: the node's own state

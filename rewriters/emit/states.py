@@ -69,7 +69,7 @@ class ExplicitZeroStates(StateWiring):
             states = pass_.wiring.initial_states + tuple((role, zeros[pass_.hidden_size]) for role in absent)
             constant = pass_.wiring.constant_states + tuple(absent)
             passes.append(replace(pass_, wiring=replace(pass_.wiring, initial_states=states,
-                                                        constant_states=constant)))
+                                                        constant_states=constant, zero_states=tuple(absent))))
         return replace(layer, passes=tuple(passes))
 
 
