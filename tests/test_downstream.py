@@ -36,6 +36,9 @@ What each runtime needs, and why the portable target exists:
 """
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import onnx
 import pytest
@@ -161,6 +164,31 @@ def test_tract_fails_on_an_lstm_returning_its_states_without_initial_states(down
     assert lstm and not any(any(node.input[5:]) for node in lstm), "the default form gives initial states"
     with pytest.raises(tract.TractError, match="Clashing resolution"):
         run_tract(entry.path, entry.x)
+
+
+def _empty_batch_run(path: str) -> subprocess.CompletedProcess:
+    """onnxruntime run on ``path`` with a batch of 0 rows (7 steps), in a process of its own."""
+    script = ("import sys, numpy as np, onnxruntime as ort\n"
+              "session = ort.InferenceSession(sys.argv[1], providers=['CPUExecutionProvider'])\n"
+              "x = np.zeros((0, 7, session.get_inputs()[0].shape[-1]), np.float32)\n"
+              "print([o.shape for o in session.run(None, {session.get_inputs()[0].name: x})])\n")
+    return subprocess.run([sys.executable, "-c", script, path], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU", "SimpleRNN"])
+def test_onnxruntime_ends_the_process_on_an_empty_batch_through_an_lstm_or_gru_node(kind: str, downstream_dir):
+    """onnxruntime 1.32 ends the whole process (an abort or a segmentation fault, no exception) when an
+    LSTM or GRU node runs on a batch of 0 rows, with ``sequence_lens`` or without: stock tf2onnx's
+    native LSTM too. Its RNN node runs it, as Keras does: the same run of a SimpleRNN shows the
+    harness itself works (docs/downstream.md). Fails the day onnxruntime runs it, so that the note
+    can go."""
+    for masked in (False, True):
+        entry = converted(Case(kind, False, masked), DEFAULT, downstream_dir)
+        done = _empty_batch_run(entry.path)
+        if kind == "SimpleRNN":
+            assert done.returncode == 0 and "(0, 7," in done.stdout, (done.stdout, done.stderr[-500:])
+        else:
+            assert done.returncode < 0, (masked, done.returncode, done.stdout, done.stderr[-500:])
 
 
 MASKED = [case for case in CASES if case.masked]
