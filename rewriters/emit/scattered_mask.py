@@ -2,9 +2,8 @@
 
 Each row's kept steps are written to the front of the node's input by one ``ScatterND`` and the
 node's outputs read back by one ``GatherND``, with no ``If`` and no computed ``sequence_lens``
-(tract takes it only as a constant, onnx2torch not at all). The mask's own tensors are
-:class:`.mask_tensors.MaskTensors`'; a form that reads this arithmetic is
-:class:`.mask_forms.PortableMask`.
+(tract takes it only as a constant, onnx2torch not at all). It reads the mask's own tensors from
+:class:`.mask_tensors.MaskTensors`; the form that takes it is :class:`.mask_forms.PortableMask`.
 """
 from __future__ import annotations
 
