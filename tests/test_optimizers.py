@@ -2,6 +2,7 @@
 optimizer skipped as tf2onnx skips it, and raised when ``TF2ONNX_CATCH_ERRORS`` says so."""
 from __future__ import annotations
 
+import hashlib
 import logging
 
 import numpy as np
@@ -24,36 +25,39 @@ def _model():
 
 
 def _structure(model_proto: onnx.ModelProto) -> list:
-    """The graph as lines, tensors named by where they first appear and constants by their values:
-    two conversions of one model compare equal whatever names tf2onnx's counters gave them."""
-    names: dict = {}
+    """The graph as sorted lines, one a node, each tensor named by what computes it (its producer's op,
+    attributes and inputs, so named, and its output index), constants by their values and inputs by
+    their names: two conversions of one model compare equal whatever names tf2onnx's counters gave
+    their tensors and in whichever order equal graphs list their independent nodes (a graph tf2onnx
+    re-optimizes from a deep copy may list them otherwise)."""
 
-    def name(tensor: str) -> str:
-        return names.setdefault(tensor, f"t{len(names)}") if tensor else ""
-
-    lines: list = []
-
-    def walk(graph, indent=""):
+    def walk(graph, outer: dict) -> tuple:
+        names = dict(outer)
         for tensor in graph.initializer:
             value = numpy_helper.to_array(tensor).tobytes().hex()
             names[tensor.name] = f"{tensor.data_type}{list(tensor.dims)}:{value}"
-        lines.extend(f"{indent}input {name(i.name)}" for i in graph.input)
+        for index, value in enumerate(graph.input):
+            names[value.name] = f"input {value.name if graph is model_proto.graph else index}"
+        lines = []
         for node in graph.node:
             attributes = []
             for attribute in node.attribute:
                 if attribute.type == onnx.AttributeProto.GRAPH:
-                    walk(attribute.g, indent + "  ")
-                    attributes.append(f"{attribute.name}=<graph>")
+                    attributes.append(f"{attribute.name}={walk(attribute.g, names)}")
                 elif attribute.type == onnx.AttributeProto.TENSOR:
                     attributes.append(f"{attribute.name}={numpy_helper.to_array(attribute.t).tobytes().hex()}")
                 else:
                     attributes.append(f"{attribute.name}={onnx.helper.get_attribute_value(attribute)}")
-            lines.append(f"{indent}{node.op_type} {[name(i) for i in node.input]} -> "
-                         f"{[name(o) for o in node.output]} {attributes}")
-        lines.extend(f"{indent}output {name(o.name)}" for o in graph.output)
+            line = f"{node.op_type} {[names.get(i, i) for i in node.input]} {attributes}"
+            digest = hashlib.sha1(line.encode()).hexdigest()[:16]
+            for index, output in enumerate(node.output):
+                if output:
+                    names[output] = f"{digest}:{index}"
+            lines.append(f"{line} -> {[names.get(o, '') for o in node.output]}")
+        return sorted(lines), [names[o.name] for o in graph.output]
 
-    walk(model_proto.graph)
-    return lines
+    lines, outputs = walk(model_proto.graph, {})
+    return lines + [f"output {name}" for name in outputs]
 
 
 def _stock_optimized(graph, optimizers, caught):
