@@ -529,3 +529,30 @@ def test_mixed_float16_and_a_fixed_signature(flavor):
         (got,) = helpers.ort_session(proto).run(None, {"x": xv})
         want = np.asarray(model(xv, training=False)).astype(np.float32)
         assert float(np.max(np.abs(got.astype(np.float32) - want))) <= tolerance
+
+
+@pytest.mark.parametrize("flavor", parity.FLAVORS)
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_stacked_scans_of_different_sizes_keep_their_own_shapes(flavor, dtype):
+    """Two Scans of layers with states of different sizes (LSTM(selu) of 3 units, then of 1; float64
+    LSTMs, which onnxruntime's node does not run): tf_keras names the tensors of every loop body alike,
+    and the first Scan once declared the second's [B, 1] states for its own [B, 3] ones, so onnxruntime
+    refused the model. Each Scan carries its own shapes; both equal Keras."""
+    from tf2onnx_rnn import convert_keras
+
+    K = parity.keras_module(flavor)
+    activation = "selu" if dtype == "float32" else "tanh"
+    x = K.Input((None, 2), name="x", dtype=dtype)
+    h = K.layers.LSTM(3, activation=activation, return_sequences=True, dtype=dtype)(x)
+    model = K.Model(x, K.layers.LSTM(1, activation=activation, return_state=True, dtype=dtype)(h))
+    scan_cells.randomize(model, 21)
+    proto = convert_keras(model)
+    scans = _scans(proto)
+    assert len(scans) == 2 and not helpers.op_counts(proto)["Loop"], parity.report_table(proto)
+    state_sizes = sorted(body_input.type.tensor_type.shape.dim[-1].dim_value
+                         for scan in scans for body_input in helpers.attribute(scan, "body").input[:2])
+    assert state_sizes == [1, 1, 3, 3], state_sizes
+    xv = np.random.default_rng(22).standard_normal((3, 5, 2)).astype(dtype)
+    got = helpers.ort_session(proto).run(None, {"x": xv})
+    for g, w in zip(got, model(xv, training=False)):
+        np.testing.assert_allclose(g, np.asarray(w), rtol=1e-5, atol=1e-6)

@@ -49,7 +49,7 @@ def scan_loops(model: onnx.ModelProto, findings: Findings) -> list:
         before.node.extend(model.graph.node)
         initializers = len(model.graph.initializer)
         try:
-            types = TypeTable(model)
+            types = TypeTable(model, within=name)  # this loop's body, not its siblings'
             scope = Scope(model.graph)
             loop_map = (read_loop if op == "Loop" else read_scan)(node, scope, types)
             computed = {n.name for n in upstream(node.input, scope.producer)[1].values()}  # its trip count, test

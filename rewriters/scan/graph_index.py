@@ -55,20 +55,23 @@ def attribute(node: onnx.NodeProto, name: str, default=None):
 
 
 class TypeTable:
-    """Element types and shapes of a model's tensors, subgraphs included, as ONNX shape inference
-    finds them (tf2onnx's own value infos where inference finds nothing)."""
+    """Element types and shapes of a model's tensors, as ONNX shape inference finds them (tf2onnx's own
+    value infos where inference finds nothing): the main graph's, and those of the subgraphs of the node
+    named ``within`` (all subgraphs when None). Loop bodies name their tensors alike (tf_keras's bodies
+    all have a ``while_placeholder_2:0``, one layer's h of 2 units, the next one's of 1): a table over
+    every body would give one loop another's shapes."""
 
-    def __init__(self, model: onnx.ModelProto):
+    def __init__(self, model: onnx.ModelProto, within: Optional[str] = None):
         self.types: dict = {}
-        self._collect(model.graph)
+        self._collect(model.graph, within)
         try:
             inferred = onnx.shape_inference.infer_shapes(model)
         except Exception:  # noqa: BLE001 - inference is a help, not a need: ranks stay unknown
             inferred = None
         if inferred is not None:
-            self._collect(inferred.graph)
+            self._collect(inferred.graph, within)
 
-    def _collect(self, graph: onnx.GraphProto) -> None:
+    def _collect(self, graph: onnx.GraphProto, within: Optional[str] = None) -> None:
         for value in itertools.chain(graph.input, graph.output, graph.value_info):
             if value.type.HasField("tensor_type"):
                 self.types[value.name] = value.type
@@ -79,8 +82,9 @@ class TypeTable:
                 value = attribute(node, "value")
                 if value is not None:
                     self.types[node.output[0]] = helper.make_tensor_type_proto(value.data_type, list(value.dims))
-            for sub in subgraphs(node):
-                self._collect(sub)
+            if within is None or node.name == within:
+                for sub in subgraphs(node):
+                    self._collect(sub)
 
     def elem_type(self, name: str) -> int:
         found = self.types.get(name)
