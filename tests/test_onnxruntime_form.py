@@ -12,7 +12,8 @@ randomized. Per case:
 - onnxruntime matches ``model(inputs, training=False)`` within 1e-5 on every output;
 - no Loop and no ``RNN`` node: one Scan per SimpleRNN direction the default conversion gives
   (a bidirectional ``RNN`` node is two), the LSTM and GRU nodes those of the default conversion;
-- each SimpleRNN row of the report became ``Scan``, names a Scan of the graph, and says the form.
+- each SimpleRNN row of the report became ``Scan``, names a Scan of the graph (each direction its own),
+  and says the form.
 """
 from __future__ import annotations
 
@@ -106,6 +107,9 @@ def report_problems(proto) -> list:
         if row.became != "Scan" or row.node not in scans or FORM not in row.form:
             problems.append(f"{row.layer} ({row.direction}): became {row.became!r}, node {row.node!r}, "
                             f"form {row.form!r}")
+    named = {row.node for row in report_of(proto).outcomes if row.kind == "SimpleRNN"}
+    if named != scans:  # each direction's row names its own Scan
+        problems.append(f"the rows name the Scans {sorted(named)}, the graph has {sorted(scans)}")
     if FORM not in report_of(proto).table():
         problems.append("the table does not say the form")
     return problems

@@ -150,7 +150,7 @@ class Emission:
         kind, dtype = layer.first.kind, np.dtype(layer.first.dtype)
         if dtype.name not in kind.element_types:
             raise NoMatch(f"onnxruntime's {kind.onnx_op} does not run {dtype.name} (it runs "
-                          f"{', '.join(kind.element_types)}): the layer stays an exact Loop")
+                          f"{', '.join(kind.element_types)})")
         self.input = context.input_of(graph, layer)  # what the node reads X from (see EmitContext.input_of)
         self.layer = layer = context.states.prepare(graph, layer, self.input)
         self.builder = GraphBuilder(graph)
@@ -367,8 +367,8 @@ def emit(graph, layer: RecurrentLayer, context: EmitContext) -> Emitted:
         for old, new in emission.replacements:
             graph.replace_all_inputs(old, new)
             context.renamed[old] = new
-    nodes = tuple((node.name, form.direction(emission.layer))
-                  for emission, node in zip(emissions, built) for _ in emission.layer.passes)
+    nodes = tuple((node.name_of(index), form.direction(emission.layer))
+                  for emission, node in zip(emissions, built) for index, _ in enumerate(emission.layer.passes))
     masked = emissions[0].mask is not None
     return Emitted(nodes=nodes, mask_form=form.describe(layer, emissions[0].compacted, context.masks.choice)
                    if masked else "",

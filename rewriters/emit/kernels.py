@@ -35,6 +35,11 @@ class Built:
     name: str
     output: tuple
     op_type: str
+    pass_names: tuple = ()  # one node per pass where the passes are not one node (the Scan form's directions)
+
+    def name_of(self, index: int) -> str:
+        """The node that computes pass ``index``."""
+        return self.pass_names[index] if self.pass_names else self.name
 
 
 class NativeNodes:
@@ -45,8 +50,9 @@ class NativeNodes:
     def build(self, graph, layer: RecurrentLayer, inputs: list, named: NodeInputs, attributes: dict, name: str,
               shapes: list, dtypes: list):
         """The node for ``layer`` from its ``inputs`` by slot (``named``: some of them by name)."""
-        return graph.make_node(layer.first.kind.onnx_op, inputs, attr=attributes, output_count=len(shapes),
+        node = graph.make_node(layer.first.kind.onnx_op, inputs, attr=attributes, output_count=len(shapes),
                                name=name, shapes=shapes, dtypes=dtypes)
+        return Built(node.name, tuple(node.output), node.type)
 
     def builds_native(self, layer: RecurrentLayer) -> bool:
         return True
@@ -93,17 +99,17 @@ class ScanRNN(NativeNodes):
             return super().build(graph, layer, inputs, named, attributes, name, shapes, dtypes)
         recurrence = _Recurrence(graph, layer, named.x, named.sequence_lens, name, dtypes[0])
         reverse = {"forward": [False], "reverse": [True], "bidirectional": [False, True]}[attributes["direction"]]
-        ys, hs, first = [], [], None
+        ys, hs, scans = [], [], []
         for index, backward in enumerate(reverse):
             initial = named.initial_h and recurrence.builder.make_squeeze({"data": recurrence.builder.make_slice(
                 {"data": named.initial_h, "starts": [index], "ends": [index + 1], "axes": [0]}), "axes": [0]})
             scan, y, h = recurrence.direction(layer.passes[index], backward, initial)
-            first = first or scan
+            scans.append(scan.name)
             ys.append(recurrence.unsqueeze(y, 1))
             hs.append(recurrence.unsqueeze(h, 0))
         y = ys[0] if len(ys) == 1 else graph.make_node("Concat", ys, attr={"axis": 1}).output[0]
         h = hs[0] if len(hs) == 1 else graph.make_node("Concat", hs, attr={"axis": 0}).output[0]
-        return Built(first.name, (y, h), "Scan")
+        return Built(scans[0], (y, h), "Scan", tuple(scans))
 
 
 class _Recurrence:
