@@ -16,6 +16,9 @@ For Keras 3 (``keras``) and tf_keras, hypothesis draws a model (see :func:`examp
 - the element type: float32 (mostly), the ``mixed_float16`` policy (compared within 3e-2), or
   float64 layers, which must stay as they are (onnxruntime's recurrent kernels do not run float64)
   with a reason naming the type;
+- the conversion's target: the default form mostly, else ``portable`` (no computed ``sequence_lens``; a
+  masked Bidirectional layer as two forward nodes, no ``reverse`` node) or ``onnxruntime`` (SimpleRNN as
+  an input MatMul and one ``Scan`` per direction, each row naming its own);
 - with a fixed time of 2 or more, each layer may be ``unroll=True``: a chain of steps that must
   become the same native node (or, kept, stay as its ops with a reason, never a Loop);
 - input features 1-6; no mask, a ``Masking`` layer (padded steps are all-zero vectors), or an
@@ -99,6 +102,9 @@ INEXPRESSIBLE = "selu"  # no exact ONNX recurrent activation: the layer must sta
 MERGE_MODES = ("concat", "sum", "mul", "ave")
 MASKS = ("none", "masking", "input")
 DTYPES = ("float32",) * 4 + ("mixed_float16", "float64")  # mostly float32
+# the conversion's target: mostly the default form; the portable form (no computed sequence_lens, a masked
+# Bidirectional as two forward nodes) and the onnxruntime form (SimpleRNN as an input MatMul + Scan)
+TARGETS = (None,) * 4 + ("portable", "onnxruntime")
 STANDARD_CELLS = frozenset(cell.name for cell in cells.STANDARD)
 ROW_KINDS = ("full", "post", "pre", "holed", "empty")
 
@@ -149,6 +155,7 @@ class ModelSpec:
     fixed_batch: Optional[int] = None  # the input signature's batch; None: dynamic
     fixed_time: Optional[int] = None  # the input signature's time; None: dynamic
     dtype: str = "float32"  # float32, mixed_float16 (the global policy) or float64 (the layers' dtype)
+    target: Optional[str] = None  # convert_keras's target: None (the default form), portable or onnxruntime
 
     @property
     def expressible(self) -> bool:
@@ -169,6 +176,17 @@ class ModelSpec:
         left to compare it with. The layer may stay for that reason, whatever its type (a float64 layer's
         reason then says so, not its type)."""
         return layer.unroll and self.fixed_time == 2 and self.fixed_batch is not None
+
+    def two_nodes(self, layer: LayerSpec) -> bool:
+        """A Bidirectional layer whose halves are two nodes: in the onnxruntime form's Scans (one per
+        direction) and, masked, in the portable form (each runs forward over its compacted steps) and unrolled
+        with its sequence used (Keras zeroes the output at masked steps after the chain, the node carries it)."""
+        masked_apart = self.mask != "none" and (layer.unroll or self.target == "portable")
+        return layer.bidirectional and (masked_apart or self.fused_op(layer) == "Scan")
+
+    def fused_op(self, layer: LayerSpec) -> str:
+        """What a fused layer's report rows say it became: its native op, or the onnxruntime form's Scan."""
+        return "Scan" if self.target == "onnxruntime" and layer.kind == "SimpleRNN" else helpers.ONNX_OP[layer.kind]
 
     @property
     def tolerance(self) -> float:
@@ -264,7 +282,7 @@ def model_specs(draw, flavor: str) -> ModelSpec:
         return_state=draw(st.booleans()),
         weight_seed=draw(st.integers(0, 2**32 - 1)),
         fixed_batch=draw(st.one_of(st.none(), st.integers(1, 4))),
-        fixed_time=fixed_time, dtype=dtype)
+        fixed_time=fixed_time, dtype=dtype, target=draw(st.sampled_from(TARGETS)))
 
 
 @st.composite
@@ -419,7 +437,7 @@ def structure_problems(spec: ModelSpec, proto: onnx.ModelProto) -> tuple:
     for o in outcomes:
         if o.fused:
             node = nodes.get(o.node)
-            if o.became not in helpers.RECURRENT_OPS:
+            if o.became not in helpers.RECURRENT_OPS | ({"Scan"} if spec.target == "onnxruntime" else set()):
                 problems.append(f"{o.layer}: became {o.became!r}, neither a native op nor Loop")
             elif node is None or node.op_type != o.became:
                 problems.append(f"{o.layer}: became {o.became} but names node {o.node!r}, not such a node")
@@ -437,6 +455,7 @@ def structure_problems(spec: ModelSpec, proto: onnx.ModelProto) -> tuple:
             continue
         by_layer.setdefault(int(found.group(1)), []).append(o)
     fused_nodes = 0
+    fused_scans = set()  # the onnxruntime form's SimpleRNN Scans, one per direction
     for index, ls in enumerate(spec.layers):
         entries = by_layer.get(index, [])
         name = layer_name(index, ls)
@@ -445,15 +464,18 @@ def structure_problems(spec: ModelSpec, proto: onnx.ModelProto) -> tuple:
             problems.append(f"{name}: {len(entries)} report entries, expected {ls.directions}")
         # an unrolled masked Bidirectional carries the output at masked steps (Keras zeroes it after
         # the chain): when its sequence is used, its halves cannot share one node
-        two_nodes = ls.bidirectional and ls.unroll and spec.mask != "none"
+        two_nodes = spec.two_nodes(ls)
         if bool(entries) and all(o.fused for o in entries):
-            fused_nodes += len({o.node for o in entries}) if two_nodes else 1
+            if spec.fused_op(ls) == "Scan":
+                fused_scans.update(o.node for o in entries)
+            else:
+                fused_nodes += len({o.node for o in entries}) if two_nodes else 1
         kept_as = "unrolled ops" if ls.unroll else "Scan"  # a loop no native node computes: a Scan of its step
         for o in entries:
             if not o.fused and o.became != kept_as and not (kept_as == "Scan" and o.became == "Loop"):
                 problems.append(f"{o.layer}: became {o.became!r}, expected {kept_as} (or fused)")
-            if o.fused and o.became != helpers.ONNX_OP[ls.kind]:
-                problems.append(f"{o.layer}: became {o.became}, expected {helpers.ONNX_OP[ls.kind]}")
+            if o.fused and o.became != spec.fused_op(ls):
+                problems.append(f"{o.layer}: became {o.became}, expected {spec.fused_op(ls)}")
             if o.fused and o.unrolled != (spec.fixed_time if ls.unroll else 0):
                 problems.append(f"{o.layer}: reported {o.unrolled} unrolled steps")
         if expectation == "fused":
@@ -472,13 +494,24 @@ def structure_problems(spec: ModelSpec, proto: onnx.ModelProto) -> tuple:
             if fused:
                 problems.append(f"{name} ({spec.dtype}, {ls.activation}) must stay as it is but was fused: {fused}")
             named = all("float64" in o.reason for o in entries)
-            if spec.dtype == "float64" and not named and not spec.two_folded_steps(ls):
+            # an unrolled chain is read before its type is looked at: its reason may be the chain's (a float64
+            # chain's ops are not float32's: tf2onnx folds them otherwise), kept as its ops either way
+            if spec.dtype == "float64" and not named and not ls.unroll:
                 reasons = [o.reason for o in entries]
                 problems.append(f"{name}: a float64 layer's reason does not name the type: {reasons}")
 
     if len(native) != fused_nodes:
         problems.append(f"more native nodes than layers: {len(native)} native recurrent nodes "
                         f"{[(n.op_type, helpers.direction_of(n)) for n in native]}, expected {fused_nodes}")
+    if spec.target == "portable":  # tract runs a reverse node forward
+        reverse = [n.name for n in native if helpers.direction_of(n) == "reverse"]
+        if reverse:
+            problems.append(f"portable form with reverse nodes: {reverse}")
+    form_scans = [n for n in loops if n.name in fused_scans and n.op_type == "Scan"]
+    if len(form_scans) != len(fused_scans):
+        problems.append(f"onnxruntime form: rows name Scans {sorted(fused_scans)}, the graph has "
+                        f"{[n.name for n in form_scans]}")
+    loops = [n for n in loops if n.name not in fused_scans]
     loop_rows = sum(o.became == "Loop" or o.own_step for o in outcomes)
     if all(spec.expectation(ls) == "fused" for ls in spec.layers) and loops:
         problems.append(f"Loop/Scan nodes left: {[(n.op_type, n.name) for n in loops]}")
@@ -521,10 +554,10 @@ def check_example(flavor: str, example: Example) -> dict:
     spec = example.spec
     started = time.perf_counter()
     record = dict(flavor=flavor, ok=False, expressible=spec.expressible, layers=len(spec.layers), mask=spec.mask,
-                  signature=(spec.fixed_batch, spec.fixed_time))
+                  signature=(spec.fixed_batch, spec.fixed_time), target=spec.target)
     try:
         model = build_model(flavor, spec)
-        proto = convert_keras(model, input_signature=spec.input_signature())
+        proto = convert_keras(model, input_signature=spec.input_signature(), target=spec.target)
         problems = []
         try:
             onnx.checker.check_model(proto, full_check=True)
