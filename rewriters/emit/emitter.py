@@ -363,14 +363,15 @@ def emit(graph, layer: RecurrentLayer, context: EmitContext) -> Emitted:
         built.append(emission.node())
         emission.wire(built[-1])
         states += context.states.finish(emission, built[-1])
-    for emission in emissions:
-        for old, new in emission.replacements:
-            graph.replace_all_inputs(old, new)
-            context.renamed[old] = new
     nodes = tuple((node.name_of(index), form.direction(emission.layer))
                   for emission, node in zip(emissions, built) for index, _ in enumerate(emission.layer.passes))
     masked = emissions[0].mask is not None
-    return Emitted(nodes=nodes, mask_form=form.describe(layer, emissions[0].compacted, context.masks.choice)
-                   if masked else "",
-                   states=states, became="" if native else built[0].op_type,
-                   form="" if native else context.kernels.describe)
+    emitted = Emitted(nodes=nodes, mask_form=form.describe(layer, emissions[0].compacted, context.masks.choice)
+                      if masked else "",
+                      states=states, became="" if native else built[0].op_type,
+                      form="" if native else context.kernels.describe)
+    for emission in emissions:  # last: nothing after the rewiring can fail
+        for old, new in emission.replacements:
+            graph.replace_all_inputs(old, new)
+            context.renamed[old] = new
+    return emitted
