@@ -56,7 +56,9 @@ Environment:
 - ``TF2ONNX_RNN_FUZZ_SEED``: unset (default) = derandomized, the same examples on every run
   (what CI runs); an integer = that hypothesis seed; ``random`` = a fresh random run.
 - ``TF2ONNX_RNN_FUZZ_LOG``: a file to append one JSON line per example to (flavor, fused and
-  Loop counts, max error, seconds, pass/fail), for long runs (see ``FUZZ_RESULTS.md``).
+  Loop counts, max error, seconds, pass/fail), for long runs (see ``FUZZ_RESULTS.md``), each
+  preceded by a line with the example alone (``"started": true``), which names it when a runtime
+  crashes the process.
 
 A failing example is printed by hypothesis as ``example=Example(...)``; it is plain data, so it
 can be replayed outside hypothesis::
@@ -555,6 +557,9 @@ def check_example(flavor: str, example: Example) -> dict:
     started = time.perf_counter()
     record = dict(flavor=flavor, ok=False, expressible=spec.expressible, layers=len(spec.layers), mask=spec.mask,
                   signature=(spec.fixed_batch, spec.fixed_time), target=spec.target)
+    if LOG:  # first the example alone: a run the process does not survive (a runtime's crash) still names it
+        with open(LOG, "a", encoding="utf-8") as log:
+            log.write(json.dumps(dict(flavor=flavor, started=True, example=asdict(example))) + "\n")
     try:
         model = build_model(flavor, spec)
         proto = convert_keras(model, input_signature=spec.input_signature(), target=spec.target)

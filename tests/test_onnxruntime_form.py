@@ -206,3 +206,27 @@ def test_command_line_target_onnxruntime(tmp_path, capfd):
     batch *= masking.mask_batch(["pre", "holed", "empty", "full"], 7)[:, :, None]
     (got,) = helpers.ort_session(proto).run(None, {"x": batch})
     np.testing.assert_allclose(got, np.asarray(model(batch, training=False)), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("flavor", parity.FLAVORS)
+def test_a_float16_simple_rnn_loads_and_equals_keras(flavor: str):
+    """A ``mixed_float16`` SimpleRNN, one direction and Bidirectional: its input projection reads the
+    time-major input, a float16 shape onnxruntime 1.23-1.32 ends the process loading (test_half_matmuls);
+    the written model has the product first, loads, and equals Keras within its float16 rounding."""
+    K = parity.keras_module(flavor)
+    K.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        x = K.Input((None, 2), name="x")
+        forward = K.layers.SimpleRNN(5, activation="relu", return_sequences=True)(x)
+        both = K.layers.Bidirectional(K.layers.SimpleRNN(3, return_sequences=True))(forward)
+        model = K.Model(x, both)
+    finally:
+        K.mixed_precision.set_global_policy("float32")
+    parity.randomize_weights(model, 31)
+    proto = tf2onnx_rnn.convert_keras(model, target=TARGET)
+    assert Counter(helpers.op_types(proto))["Scan"] == 3 and not helpers.nodes_of_types(proto, helpers.RECURRENT_OPS)
+    assert not report_problems(proto), report_problems(proto)
+    xv = np.random.default_rng(32).standard_normal((3, 6, 2)).astype(np.float32)
+    (got,) = helpers.ort_session(proto).run(None, {"x": xv})
+    np.testing.assert_allclose(got.astype(np.float32), np.asarray(model(xv, training=False)).astype(np.float32),
+                               rtol=0, atol=3e-2)

@@ -86,10 +86,13 @@ def _written_model_passes(model_proto: onnx.ModelProto, portable: bool = False) 
     refuses tf2onnx's own Scans otherwise), and a masked layer's outputs are gathered straight into
     batch-major order (``rewriters.emit.transposed_gathers``, which changes the graph only once it has
     built the whole rewrite); in the ``portable`` form, ``ReverseSequence`` nodes become element gathers
-    (``rewriters.emit.gathered_reversal``: tract and onnx2torch lack the op). A failure leaves what that
-    pass would have changed, and says so."""
+    (``rewriters.emit.gathered_reversal``: tract and onnx2torch lack the op); a float16 ``MatMul`` of a
+    time-major swap becomes the swap of the ``MatMul`` (``rewriters.emit.half_matmuls``: onnxruntime
+    1.23-1.32 ends the process loading the former). A failure leaves what that pass would have changed,
+    and says so."""
     try:
         from .rewriters.emit.gathered_reversal import reverse_sequences_as_gathers
+        from .rewriters.emit.half_matmuls import swap_half_matmuls
         from .rewriters.emit.if_branches import lean_branches
         from .rewriters.emit.transposed_gathers import fold_transposed_gathers
         from .rewriters.scan import unnamed_step_dims
@@ -99,7 +102,9 @@ def _written_model_passes(model_proto: onnx.ModelProto, portable: bool = False) 
         return
     passes = [(unnamed_step_dims, "a Scan's step keeps its dimension names"),
               (fold_transposed_gathers, "the outputs' transposes stay"),
-              (lean_branches, "what only one branch of a mask's If reads stays outside it")]
+              (lean_branches, "what only one branch of a mask's If reads stays outside it"),
+              (swap_half_matmuls, "a float16 MatMul of a swap of axes 0 and 1 stays (onnxruntime 1.23-1.32 "
+                                  "ends the process loading it)")]
     if portable:
         passes.append((reverse_sequences_as_gathers, "ReverseSequence nodes stay"))
     for run, stays in passes:

@@ -1,0 +1,115 @@
+"""Float16 ``MatMul`` of a time-major swap (``rewriters.emit.half_matmuls``).
+
+onnxruntime 1.23-1.32 ends the process while creating a session on a float16 ``Transpose(perm=[1, 0,
+2])`` read by a ``MatMul`` with a constant 2-D right side. The pass writes the product first and
+the swap after. Hand-built graphs, each loaded in a child process (a crash ends only that process):
+the shape as written ends onnxruntime (pinned, so that the pass can go the day onnxruntime loads it);
+the pass's output loads and equals numpy's product; what the pass must leave alone (float32, another
+perm, a right side fed at run time, a swap read elsewhere) stays as it is.
+"""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+from tf2onnx_rnn.rewriters.emit.half_matmuls import swap_half_matmuls
+
+FEATURES, HIDDEN = 3, 5
+
+
+def _model(dtype=np.float16, perm=(1, 0, 2), fed_weights: bool = False, swap_read_elsewhere: bool = False,
+           in_a_branch: bool = False) -> onnx.ModelProto:
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    weights = numpy_helper.from_array(np.random.default_rng(3).standard_normal((FEATURES, HIDDEN)).astype(dtype), "W")
+    nodes = [helper.make_node("Transpose", ["x"], ["x_tm"], perm=list(perm)),
+             helper.make_node("MatMul", ["x_tm", "W"], ["y"])]
+    outputs = [helper.make_tensor_value_info("y", elem, ["T", "B", HIDDEN])]
+    if swap_read_elsewhere:
+        outputs.append(helper.make_tensor_value_info("x_tm", elem, ["T", "B", FEATURES]))
+    inputs = [helper.make_tensor_value_info("x", elem, ["B", "T", FEATURES])]
+    if fed_weights:
+        inputs.append(helper.make_tensor_value_info("W", elem, [FEATURES, HIDDEN]))
+    initializers = [] if fed_weights else [weights]
+    if in_a_branch:  # the same nodes inside both branches of an If
+        branch = helper.make_graph(nodes, "branch", [], [helper.make_tensor_value_info("y", elem, ["T", "B", HIDDEN])])
+        nodes = [helper.make_node("ReduceMin", ["x"], ["low"], keepdims=0),
+                 helper.make_node("Less", ["low", "zero"], ["negative"]),
+                 helper.make_node("If", ["negative"], ["y"], then_branch=branch, else_branch=branch)]
+        initializers.append(numpy_helper.from_array(np.zeros((), dtype), "zero"))
+    graph = helper.make_graph(nodes, "g", inputs, outputs, initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def _load_in_a_child(model: onnx.ModelProto, tmp_path, dtype=np.float16) -> subprocess.CompletedProcess:
+    """Create an onnxruntime session (its default optimizations) in a child process and print the
+    first output's values on x of shape (2, 4, FEATURES)."""
+    path = tmp_path / "model.onnx"
+    onnx.save(model, str(path))
+    script = ("import sys, numpy as np, onnxruntime as ort\n"
+              "s = ort.InferenceSession(sys.argv[1], providers=['CPUExecutionProvider'])\n"
+              f"x = np.random.default_rng(4).standard_normal((2, 4, {FEATURES})).astype(np.{np.dtype(dtype).name})\n"
+              "feeds = {'x': x}\n"
+              "if len(s.get_inputs()) > 1: feeds['W'] = np.ones((%d, %d), x.dtype)\n" % (FEATURES, HIDDEN) +
+              "print(repr(s.run(None, feeds)[0].astype(np.float64).ravel().tolist()))\n")
+    return subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True, text=True, timeout=120)
+
+
+def _expected() -> np.ndarray:
+    x = np.random.default_rng(4).standard_normal((2, 4, FEATURES)).astype(np.float16)
+    w = np.random.default_rng(3).standard_normal((FEATURES, HIDDEN)).astype(np.float16)
+    return (x.astype(np.float32).transpose(1, 0, 2) @ w.astype(np.float32)).ravel()
+
+
+def test_onnxruntime_ends_the_process_loading_the_shape_as_written(tmp_path):
+    """Fails the day onnxruntime loads it: the pass and its note can then go."""
+    import onnxruntime
+
+    done = _load_in_a_child(_model(), tmp_path)
+    if onnxruntime.__version__.split(".")[:2] < ["1", "23"]:
+        pytest.skip(f"onnxruntime {onnxruntime.__version__} loads it")
+    assert done.returncode < 0, (done.returncode, done.stdout, done.stderr[-500:])
+
+
+@pytest.mark.parametrize("in_a_branch", [False, True], ids=["main-graph", "if-branches"])
+def test_the_product_first_loads_and_equals_the_product(tmp_path, in_a_branch):
+    model = _model(in_a_branch=in_a_branch)
+    assert swap_half_matmuls(model) == (2 if in_a_branch else 1)
+    onnx.checker.check_model(model, full_check=True)
+    graphs = [model.graph] + [a.g for n in model.graph.node for a in n.attribute if a.type == onnx.AttributeProto.GRAPH]
+    for graph in graphs:
+        ops = [n.op_type for n in graph.node]
+        if "MatMul" in ops:
+            assert ops.index("MatMul") < ops.index("Transpose"), ops
+            matmul = graph.node[ops.index("MatMul")]
+            assert matmul.input[0] == "x", "the product reads x itself"
+    done = _load_in_a_child(model, tmp_path)
+    assert done.returncode == 0, (done.returncode, done.stderr[-500:])
+    got = np.array(ast.literal_eval(done.stdout.strip()))
+    np.testing.assert_allclose(got, _expected(), rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("variant", [dict(dtype=np.float32), dict(perm=(0, 2, 1)), dict(fed_weights=True)],
+                         ids=["float32", "other-perm", "fed-weights"])
+def test_what_onnxruntime_loads_stays_as_it_is(variant):
+    model = _model(**variant)
+    before = model.SerializeToString()
+    assert swap_half_matmuls(model) == 0
+    assert model.SerializeToString() == before
+
+
+def test_a_swap_read_elsewhere_stays_for_its_other_reader(tmp_path):
+    model = _model(swap_read_elsewhere=True)
+    assert swap_half_matmuls(model) == 1
+    ops = [n.op_type for n in model.graph.node]
+    assert ops.count("Transpose") == 2 and ops.count("MatMul") == 1, ops
+    onnx.checker.check_model(model, full_check=True)
+    done = _load_in_a_child(model, tmp_path)
+    assert done.returncode == 0, (done.returncode, done.stderr[-500:])
