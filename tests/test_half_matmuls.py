@@ -73,7 +73,7 @@ def test_onnxruntime_ends_the_process_loading_the_shape_as_written(tmp_path):
     import onnxruntime
 
     done = _load_in_a_child(_model(), tmp_path)
-    if onnxruntime.__version__.split(".")[:2] < ["1", "23"]:
+    if tuple(int(part) for part in onnxruntime.__version__.split(".")[:2]) < (1, 23):
         pytest.skip(f"onnxruntime {onnxruntime.__version__} loads it")
     assert done.returncode < 0, (done.returncode, done.stdout, done.stderr[-500:])
 
