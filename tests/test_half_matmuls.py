@@ -16,7 +16,7 @@ import sys
 import numpy as np
 import onnx
 import pytest
-from onnx import helper, numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
 from tf2onnx_rnn.rewriters.emit.half_matmuls import swap_half_matmuls
 
@@ -113,3 +113,39 @@ def test_a_swap_read_elsewhere_stays_for_its_other_reader(tmp_path):
     onnx.checker.check_model(model, full_check=True)
     done = _load_in_a_child(model, tmp_path)
     assert done.returncode == 0, (done.returncode, done.stderr[-500:])
+
+
+def _two_readers(third: str) -> onnx.ModelProto:
+    """Two MatMuls read one swap (``third`` "none"), or one MatMul and an If branch ("branch")."""
+    weights = numpy_helper.from_array(np.random.default_rng(3).standard_normal((FEATURES, HIDDEN)).astype(np.float16),
+                                      "W")
+    shape = ["T", "B", HIDDEN]
+    nodes = [helper.make_node("Transpose", ["x"], ["x_tm"], perm=[1, 0, 2]),
+             helper.make_node("MatMul", ["x_tm", "W"], ["a"]),
+             helper.make_node("MatMul", ["x_tm", "W"], ["b"]) if third == "none" else helper.make_node(
+                 "Identity", ["a"], ["b"]),
+             helper.make_node("Add", ["a", "b"], ["y"])]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT16, shape)]
+    if third == "branch":
+        branch = helper.make_graph([helper.make_node("Identity", ["x_tm"], ["z"])], "branch", [],
+                                   [helper.make_tensor_value_info("z", TensorProto.FLOAT16, ["T", "B", FEATURES])])
+        nodes += [helper.make_node("Constant", [], ["yes"], value=numpy_helper.from_array(np.array(True))),
+                  helper.make_node("If", ["yes"], ["z"], then_branch=branch, else_branch=branch)]
+        outputs.append(helper.make_tensor_value_info("z", TensorProto.FLOAT16, ["T", "B", FEATURES]))
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT16, ["B", "T", FEATURES])
+    graph = helper.make_graph(nodes, "g", [x], outputs, [weights])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("third", ["none", "branch"])
+def test_a_swap_two_matmuls_read_goes_unless_a_branch_reads_it(third):
+    """Each MatMul takes the product first; the swap itself goes once no node reads it, and stays for an
+    ``If`` branch that reads it from outside."""
+    model = _two_readers(third)
+    assert swap_half_matmuls(model) == (2 if third == "none" else 1)
+    onnx.checker.check_model(model, full_check=True)
+    swaps = [n for n in model.graph.node if n.op_type == "Transpose" and n.input[0] == "x"]
+    assert len(swaps) == (1 if third == "branch" else 0), [n.name for n in model.graph.node]
+    assert all(n.input[0] == "x" for n in model.graph.node if n.op_type == "MatMul")
