@@ -306,15 +306,17 @@ def test_a_spectrum_reaching_an_op_without_a_complex_form_is_refused(caplog):
 
 
 def test_the_handlers_are_registered_in_front_of_tf2onnx():
-    """IRFFT, Real and Imag are new; RFFT, Mul, ExpandDims, Pad, Shape, GatherV2, ConcatV2 and
-    StridedSlice keep tf2onnx's handler for every node their own case does not take."""
+    """IRFFT, Real and Imag are new; RFFT, Mul, ExpandDims, Pad, Shape, GatherV2, ConcatV2,
+    StridedSlice and the float64 activations keep tf2onnx's handler for every node their own case does
+    not take."""
     from tf2onnx import handler
 
     registered = ensure_registered()
+    activations = ("Softsign", "Softplus", "Elu", "Selu", "LeakyRelu")
     assert all(registered[op] for op in ("IRFFT", "Real", "Imag", "RFFT", "Mul", "ExpandDims", "Pad", "Shape",
-                                         "GatherV2", "ConcatV2", "StridedSlice")), registered
+                                         "GatherV2", "ConcatV2", "StridedSlice") + activations), registered
     mapping = handler.tf_op.create_mapping(17, [])
-    for op in ("RFFT", "Mul", "GatherV2", "ConcatV2", "StridedSlice"):
+    for op in ("RFFT", "Mul", "GatherV2", "ConcatV2", "StridedSlice") + activations:
         ours = mapping[op][0]
         assert ours.__module__ == "tf2onnx_rnn.handlers", op
         assert ours.theirs.__module__.startswith("tf2onnx.onnx_opset"), (op, ours.theirs)

@@ -46,6 +46,10 @@ ConcatV2     ``associative_scan``)               around the axis, gathered or jo
                                                  fixed axis, reshaped back: exact
 StridedSlice an ellipsis, on a tensor whose      Slice with negative axes for the specs after
              rank is unknown (MinGRU)            the ellipsis, then Squeeze: exact
+Softsign,    float64 (onnxruntime runs the ONNX  elementary float64 ops, as TensorFlow's
+Softplus,    ops of these names in float32 only  kernels compute them (Softplus's two
+Elu, Selu,   below opset 18; its expansion from  thresholds and a log1p; Elu's and Selu's
+LeakyRelu    18 on is inexact)                   ``exp(x) - 1``): within 4 ulps of Keras
 ============ =================================== ===========================================
 
 Erfc is computed in float32 for every input type (onnxruntime's Erf has no float64 kernel), so
@@ -60,8 +64,8 @@ front of each of tf2onnx's handlers of its op, which still convert every node th
 take. TensorFlow and tf2onnx are imported only when it is called.
 
 The handlers live by kind: :mod:`.special_functions` (Erfc, Expm1, Bucketize), :mod:`.spectra`
-(RFFT, IRFFT and complex values), :mod:`.runtime_axes` (MinGRU's axes), with what they share in
-:mod:`.common`.
+(RFFT, IRFFT and complex values), :mod:`.runtime_axes` (MinGRU's axes), :mod:`.double_activations`
+(the float64 activations), with what they share in :mod:`.common`.
 """
 from __future__ import annotations
 
@@ -111,12 +115,14 @@ def _wrappers() -> dict:
     """The narrow cases tf2onnx's own handler of an op cannot convert, by TF op name: each class's
     ``applies(ctx, node)`` picks its case, ``convert(ctx, node)`` converts it; tf2onnx's handler
     converts every other node of the op."""
+    from .double_activations import _DoubleElu, _DoubleLeakyRelu, _DoubleSelu, _DoubleSoftplus, _DoubleSoftsign
     from .runtime_axes import _ConcatAtRuntimeAxis, _GatherAtRuntimeAxis, _StridedSliceOfUnknownRank
     from .spectra import _RFFT, _ComplexExpandDims, _ComplexMul, _ComplexPad, _ComplexShape
 
     return {"RFFT": _RFFT, "Mul": _ComplexMul, "ExpandDims": _ComplexExpandDims, "Pad": _ComplexPad,
             "Shape": _ComplexShape, "GatherV2": _GatherAtRuntimeAxis, "ConcatV2": _ConcatAtRuntimeAxis,
-            "StridedSlice": _StridedSliceOfUnknownRank}
+            "StridedSlice": _StridedSliceOfUnknownRank, "Softsign": _DoubleSoftsign, "Softplus": _DoubleSoftplus,
+            "Elu": _DoubleElu, "Selu": _DoubleSelu, "LeakyRelu": _DoubleLeakyRelu}
 
 
 def _wrap(opsets: dict, name: str, cls) -> bool:
