@@ -102,10 +102,9 @@ def expected_nodes(case, flavor: str) -> list:
             "input-rnn_back-lstm": [("RNN", {})],
         }[case.variant]] + ([("LSTM", ("forward",), {}, "uut_lstm" not in unmasked)]
                             if case.variant == "input-rnn_back-lstm" else [])
-    if cell_state_used(case):  # the default conversion's node, with its sequence_lens
-        return [(op, directions, attrs, True) for op, directions, attrs in case.expected_nodes()]
     (op, _, attrs), = case.expected_nodes()
-    return [(op, ("forward",), attrs, False)] * (2 if case.bidirectional else 1)
+    # a layer whose c is used keeps its sequence_lens; its nodes run forward all the same
+    return [(op, ("forward",), attrs, bool(cell_state_used(case)))] * (2 if case.bidirectional else 1)
 
 
 def describe(node) -> str:
@@ -155,8 +154,7 @@ def report_form_problems(proto, case, flavor: str) -> list:
         want = KEPT_FORM if layer_kept else PORTABLE_FORM
         if want not in outcome.mask:
             problems.append(f"{outcome.layer} ({outcome.direction}): mask column {outcome.mask!r} lacks {want!r}")
-        if not layer_kept and isinstance(case, MaskCase) and case.bidirectional and "two forward nodes" not in \
-                outcome.mask:
+        if isinstance(case, MaskCase) and case.bidirectional and "two forward nodes" not in outcome.mask:
             problems.append(f"{outcome.layer}: mask column {outcome.mask!r} does not say two forward nodes")
     # the two directions of a portable Bidirectional name their own forward node each
     nodes = {n.name: n for n in helpers.all_nodes(proto)}

@@ -168,6 +168,28 @@ class PortableMask(MaskForm):
 PORTABLE = PortableMask()
 
 
+class PortableKeepingLengths(PortableMask):
+    """The portable form of a masked LSTM whose final cell state c is used: the node outputs c only after
+    its last step, so it keeps the kept counts as ``sequence_lens`` (the report's note says so). All else
+    is the portable form: its input is compacted by the scatter (a pass stepping backward over each
+    row's kept steps reversed) and every node runs forward (tract runs a ``direction="reverse"`` node
+    forward); c is the node's own final state, every other output the portable form's."""
+
+    def inputs(self, emission: Emission) -> tuple:
+        x, _ = super().inputs(emission)
+        return x, ("" if emission.mask is None else emission.mask.lengths)
+
+    zero_where_empty = False  # a row with no kept step: whatever the kernel writes for a length of 0
+
+    def state(self, emission: Emission, node, index: int, role: StateRole) -> str:
+        if role is StateRole.CELL:
+            return emission.node_state(node, index, role)
+        return super().state(emission, node, index, role)
+
+    def describe(self, layer: RecurrentLayer, compacted: bool, choice: Always = ALWAYS) -> str:
+        return f"{super().describe(layer, compacted, choice)}; sequence_lens ({self.note})"
+
+
 
 
 @dataclass(frozen=True)
@@ -183,8 +205,8 @@ class Masks:
         every form, an unmasked layer that would run ``direction="reverse"`` (with ``forward_nodes``,
         any that would not run forward) takes the portable one: a forward node over its input
         reversed by a Slice (tract runs a lone reverse node forward; tf2onnx's ReverseSequence is
-        unknown to onnx2torch and tract). The portable form leaves a masked layer whose final cell
-        state is used the ``sequence_lens`` form."""
+        unknown to onnx2torch and tract). In the portable form a masked layer whose final cell state
+        is used keeps ``sequence_lens`` (:class:`PortableKeepingLengths`)."""
         runs_as_is = layer.direction is NodeDirection.FORWARD or (
             layer.direction is NodeDirection.BIDIRECTIONAL and not self.forward_nodes)
         if not layer.masked:
@@ -193,8 +215,8 @@ class Masks:
         if self.form is SEQUENCE_LENS:
             return SEQUENCE_LENS
         if layer.masked and StateRole.CELL in final_roles:
-            return MaskForm("kept for the portable target: the final cell state c is used, and without "
-                            "sequence_lens the node gives c only after the last step")
+            return PortableKeepingLengths("kept for the portable target: the final cell state c is used, and "
+                                          "without sequence_lens the node gives c only after the last step")
         return self.form
 
     @property
