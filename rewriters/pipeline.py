@@ -28,7 +28,7 @@ from .emit.padded_lists import pad_stacked_lists
 from .emit.plan import plan_nodes
 from .emit.states import MODEL_STATES, StateWiring, select_states
 from .outcome import WHILE_OPS, Findings
-from .readers import tf1_fused, tf1_loops, tflite_fused, tflite_loops
+from .readers import cudnn, tf1_fused, tf1_loops, tflite_fused, tflite_loops
 from .readers.adapt import build_pass
 from .readers.chains import Chain, find_chains, is_recurrent
 from .readers.skeleton import read_skeleton, unmask, unmask_lengths
@@ -87,7 +87,7 @@ class RecurrentRewriter:
             loops = [op for op in ops if op.type in WHILE_OPS + (tflite_loops.LOOP_OP,)]
             loops += self._guarded("finding TF 1.x loops", [],
                                    lambda: [op for op in ops if tf1_loops.is_loop(op)]) or []
-            fused = [op for op in ops if op.type in tflite_fused.OPS or op.type in tf1_fused.OPS]
+            fused = [op for op in ops if op.type in _FUSED_OPS]
             chains = []
             if any(op.type == "Unpack" for op in ops):  # unroll=True layers: chains of steps, no loop
                 chains = self._find_chains(graph)
@@ -248,6 +248,9 @@ class RecurrentRewriter:
     def _loop_id(self, loop) -> LoopId:
         if loop.type in tf1_fused.OPS:
             return LoopId(loop.name, self.layer_of(loop.name) or scope_name(loop.name), loop.type)
+        if loop.type in cudnn.OPS:  # named after the scope holding the op, as a loop is
+            return LoopId(loop.name, self.layer_of(loop.name) or scope_name(loop.name.rsplit("/", 1)[0]),
+                          cudnn.kind_of(loop).keras_name)
         if loop.type in tflite_fused.OPS:
             name = tflite_fused.op_name(loop)
             return LoopId(name, self.layer_of(name) or scope_name(name),
@@ -286,7 +289,7 @@ class RecurrentRewriter:
     def _read_passes(self, graph, loop) -> list:
         """The loop's passes: one, or one per cell of a stack; none when it stays a Loop. A TFLite fused
         op is read as a loop would be."""
-        if loop.type in tflite_fused.OPS or loop.type in tf1_fused.OPS:
+        if loop.type in _FUSED_OPS:
             return self._read_fused(graph, loop)
         if tf1_loops.is_loop(loop):  # read here: tf2onnx made it in this graph, its body is still TensorFlow's
             self.bodies[_body_of(loop)] = self._match_body(tf1_loops.body_of(loop), scan=loop)
@@ -316,18 +319,23 @@ class RecurrentRewriter:
         return []
 
     def _read_fused(self, graph, node) -> list:
-        """A fused recurrent op's passes. The op has no tf2onnx handler: one left unread is the conversion's
-        error (``findings.no_fallback``)."""
+        """A fused recurrent op's passes. The op has no exact tf2onnx handler: one left unread, or any of its
+        passes left unemitted, is the conversion's error (``findings.no_fallback``)."""
         loop_id = self._loop_id(node)
         self.findings.no_fallback.add(loop_id.loop)
         try:
             if node.type in tf1_fused.OPS:
-                return tf1_fused.fused_passes(graph, node, loop_id.layer)
-            return tflite_fused.fused_passes(graph, node, self.fused_ops.get(loop_id.loop), loop_id.layer,
-                                             self.allowed)
+                passes = tf1_fused.fused_passes(graph, node, loop_id.layer)
+            elif node.type in cudnn.OPS:
+                passes = cudnn.fused_passes(graph, node, loop_id.layer)
+            else:
+                passes = tflite_fused.fused_passes(graph, node, self.fused_ops.get(loop_id.loop), loop_id.layer,
+                                                   self.allowed)
         except NoMatch as no_match:
             self.rows.kept(loop_id, no_match.reason, no_match.node)
-        return []
+            return []
+        self.findings.no_fallback.update(pass_.loop for pass_ in passes)
+        return passes
 
     def _emit(self, graph, layer, context: EmitContext) -> None:
         first = layer.first
@@ -343,6 +351,10 @@ class RecurrentRewriter:
             self.rows.stack_cell(first, emitted)
         else:
             self.rows.fused(layer, emitted)
+
+
+# ops a reader reads whole: TFLite's fused sequence ops, TF 1.x's BlockLSTM, cuDNN's
+_FUSED_OPS = frozenset(tflite_fused.OPS) | frozenset(tf1_fused.OPS) | frozenset(cudnn.OPS)
 
 
 def _body_of(loop) -> str:
