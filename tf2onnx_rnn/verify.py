@@ -24,6 +24,7 @@ import onnx
 
 from .errors import ConversionError, first_line
 from .inputs import random_inputs
+from .keras_kernels import cpu_kernels, gpu_visible
 from .keras_layers import states_kept, zero_states
 from .report import ConversionReport
 
@@ -345,17 +346,21 @@ def _in_onnx_order(outputs, onnx_names: Sequence[str]) -> list:
 def verify_keras(model, model_proto: onnx.ModelProto, tolerance: float = 1e-4, seed: int = 0,
                  inputs: Optional[list] = None, values: bool = True) -> VerificationResult:
     """Compare a Keras model (``model(x, training=False)``) with its conversion. A stateful model
-    starts every call from zero states, and its stored states are left as they were."""
+    starts every call from zero states, and its stored states are left as they were. The model computes
+    as on a CPU (:func:`.keras_kernels.cpu_kernels`), as it was traced: on a machine with a GPU, Keras
+    would run cuDNN's kernel, which takes right-padded masks only."""
     _, state_outputs = streamed_states(model_proto)
     onnx_names = [o.name for o in model_proto.graph.output if o.name not in state_outputs]
 
     def reference(arrays):
         zero_states(model)
-        outputs = model(arrays if len(arrays) > 1 else arrays[0], training=False)
+        with cpu_kernels(eager=True):
+            outputs = model(arrays if len(arrays) > 1 else arrays[0], training=False)
         return _in_onnx_order(outputs, onnx_names)
 
+    name = "Keras (its CPU kernels: this machine's GPU would run cuDNN's)" if gpu_visible() else "Keras"
     with states_kept(model):
-        return compare(reference, model_proto, tolerance, seed, inputs, reference_name="Keras", values=values)
+        return compare(reference, model_proto, tolerance, seed, inputs, reference_name=name, values=values)
 
 
 def verify_saved_model(path: str, model_proto: onnx.ModelProto, signature_def: Optional[str] = None,

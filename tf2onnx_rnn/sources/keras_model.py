@@ -14,6 +14,7 @@ from ..errors import ConversionError, first_line, param
 from ..keras_layers import recurrent_layers, stateful_layers
 from . import Frozen, Source, check_input_shape
 from .outside_ops import executed_ops, outside, refuse_outside
+from ..keras_kernels import cpu_kernels
 from .time_distributed import merged_time_axis
 
 
@@ -213,7 +214,7 @@ def freeze_keras(model, input_signature, options) -> Frozen:
 
     @tf.function(input_signature=signature)
     def serve(*args):
-        with _recording_layer_scopes(model, scopes), merged_time_axis(model):
+        with _recording_layer_scopes(model, scopes), merged_time_axis(model), cpu_kernels():
             result = model(list(args) if len(args) > 1 else args[0], training=False)
         return keyed(tf.nest.flatten(result))
 

@@ -1,0 +1,274 @@
+"""Graphs holding cuDNN's recurrent ops, made here the way Keras and TensorFlow make them on a GPU
+machine, and the canonical computations they equal, for the tests.
+
+No GPU is needed to build such a graph (graph construction runs no kernel); none of them runs here:
+
+- :func:`gpu_machine`: TensorFlow lists a GPU, as it does on a machine that has one. Keras 3 then traces
+  an LSTM or GRU layer whose configuration cuDNN takes as one ``CudnnRNNV3`` (its probe,
+  ``_is_gpu_available``, reads that list); ``model.export`` under it writes what a GPU machine writes.
+- :func:`raw_graph`: a TF 1.x graph calling ``CudnnRNN``, ``CudnnRNNV2`` or ``CudnnRNNV3`` itself, as TF
+  1.x's cuDNN layers did, its ``params`` built here (:func:`params_of`, written independently of the
+  converter's reading) from weights drawn per gate in cuDNN's order.
+- :func:`canonical_model`: the same weights in Keras 3's canonical layers (``LSTM``, ``GRU(reset_after=True)``,
+  ``SimpleRNN``; ``Bidirectional`` for both directions; a ``Masking`` layer for lengths), run on the CPU:
+  the oracle of a raw graph. cuDNN's gates are Keras's (LSTM i, f, c, o) or Keras's with its first two
+  swapped (GRU r, z, h against Keras's z, r, h); a GRU's recurrent bias stays inside the reset product in
+  both.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+_DIR = tempfile.mkdtemp(prefix="cudnn_graphs_")
+GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}
+KERAS_LAYER = {"lstm": "LSTM", "gru": "GRU", "rnn_tanh": "SimpleRNN", "rnn_relu": "SimpleRNN"}
+
+
+@contextlib.contextmanager
+def gpu_machine():
+    """Inside the block TensorFlow lists a GPU (``tf.config.list_logical_devices``), as on a machine that
+    has one: Keras 3's probe then answers yes when a model is traced or exported."""
+    import tensorflow as tf
+
+    real = tf.config.list_logical_devices
+
+    def listed(device_type=None):
+        found = list(real(device_type))
+        if device_type in (None, "GPU"):
+            found.append(tf.config.LogicalDevice("/device:GPU:0", "GPU"))
+        return found
+
+    tf.config.list_logical_devices = listed
+    try:
+        yield
+    finally:
+        tf.config.list_logical_devices = real
+
+
+def cudnn_ops(graph_def) -> list:
+    """The cuDNN recurrent ops of a graph def (its functions' included)."""
+    nodes = list(graph_def.node) + [n for f in graph_def.library.function for n in f.node_def]
+    return [n.op for n in nodes if n.op.startswith("CudnnRNN")]
+
+
+def export_on_gpu_machine(model, name: str) -> str:
+    """``model.export`` where TensorFlow lists a GPU (Keras 3): the SavedModel a GPU machine writes."""
+    path = os.path.join(_DIR, name)
+    with gpu_machine():
+        model.export(path, verbose=False)
+    return path
+
+
+# -- raw TF 1.x graphs --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RawCase:
+    """One cuDNN op as a TF 1.x graph calls it."""
+
+    op: str = "CudnnRNNV3"  # CudnnRNN, CudnnRNNV2, CudnnRNNV3
+    mode: str = "lstm"  # lstm, gru, rnn_tanh, rnn_relu
+    layers: int = 1
+    bidirectional: bool = False
+    time_major: bool = True  # False: V3 only, the input [B, T, F] and the states [B, L*D, H]
+    lengths: bool = False  # V3 only: a seq_len input [B]
+    initial_state: bool = False  # h0 (and c0) as inputs, else zeros
+    skip_input: bool = False  # input_mode skip_input (the features are the hidden size)
+    features: int = 3
+    hidden: int = 4
+
+    @property
+    def id(self) -> str:
+        parts = [self.op, self.mode, f"{self.layers}layer", "bi" if self.bidirectional else "uni",
+                 "tm" if self.time_major else "bm"]
+        parts += [flag for flag, on in (("lengths", self.lengths), ("init", self.initial_state),
+                                        ("skip", self.skip_input)) if on]
+        return "-".join(parts)
+
+    @property
+    def directions(self) -> int:
+        return 2 if self.bidirectional else 1
+
+    @property
+    def input_size(self) -> int:
+        return self.hidden if self.skip_input else self.features
+
+    def features_of(self, layer: int) -> int:
+        return self.input_size if layer == 0 else self.hidden * self.directions
+
+
+@dataclass(frozen=True)
+class Gates:
+    """One pseudo-layer's weights per gate, in cuDNN's order: input matrices [H, F] (None where the layer
+    skips its input), recurrent matrices [H, H], input and recurrent biases [H]."""
+
+    W: Optional[tuple]
+    R: tuple
+    Wb: tuple
+    Rb: tuple
+
+
+def draw_weights(case: RawCase, seed: int) -> list:
+    """Random weights per pseudo-layer (layer 0 forward, layer 0 backward, layer 1 forward...)."""
+    rng = np.random.default_rng(seed)
+    gates, hidden = GATES[case.mode], case.hidden
+
+    def draw(*shape):
+        return tuple((rng.standard_normal(shape) * 0.5).astype(np.float32) for _ in range(gates))
+
+    found = []
+    for layer in range(case.layers):
+        for _ in range(case.directions):
+            skipped = layer == 0 and case.skip_input
+            found.append(Gates(None if skipped else draw(hidden, case.features_of(layer)), draw(hidden, hidden),
+                               draw(hidden), draw(hidden)))
+    return found
+
+
+def params_of(weights: list) -> np.ndarray:
+    """The flat buffer: every pseudo-layer's matrices (input, then recurrent, gate by gate), then every
+    pseudo-layer's biases (input, then recurrent): TensorFlow's canonical order."""
+    matrices = [m for g in weights for m in (g.W or ()) + g.R]
+    biases = [b for g in weights for b in g.Wb + g.Rb]
+    return np.concatenate([m.reshape(-1) for m in matrices] + list(biases)).astype(np.float32)
+
+
+def raw_graph(case: RawCase, seed: int = 0):
+    """(path of the frozen .pb, input names, output names, the drawn weights): the op over ``x``
+    (``seq_len`` and ``h0``/``c0`` where the case has them), its output, final h (and c) as outputs."""
+    import tensorflow as tf
+
+    weights = draw_weights(case, seed)
+    pseudo = case.layers * case.directions
+    lstm = case.mode == "lstm"
+    with tf.Graph().as_default() as graph:
+        x_shape = [None, None, case.input_size]
+        x = tf.compat.v1.placeholder(tf.float32, x_shape, name="x")
+        batch = tf.shape(x)[1 if case.time_major else 0]
+        state_shape = [pseudo, None, case.hidden] if case.time_major else [None, pseudo, case.hidden]
+        inputs = ["x:0"]
+        if case.initial_state:
+            h0 = tf.compat.v1.placeholder(tf.float32, state_shape, name="h0")
+            inputs.append("h0:0")
+            c0 = tf.compat.v1.placeholder(tf.float32, state_shape, name="c0") if lstm else tf.zeros_like(h0)
+            inputs += ["c0:0"] if lstm else []
+        else:
+            zeros = [pseudo, batch, case.hidden] if case.time_major else [batch, pseudo, case.hidden]
+            h0 = c0 = tf.zeros(tf.stack(zeros))
+        kwargs = dict(input=x, input_h=h0, input_c=c0, params=tf.constant(params_of(weights), name="params"),
+                      rnn_mode=case.mode, input_mode="skip_input" if case.skip_input else "linear_input",
+                      direction="bidirectional" if case.bidirectional else "unidirectional", is_training=False)
+        if case.op == "CudnnRNNV3":
+            if case.lengths:
+                lengths = tf.compat.v1.placeholder(tf.int32, [None], name="seq_len")
+                inputs.append("seq_len:0")
+            else:
+                lengths = tf.fill([batch], tf.shape(x)[0 if case.time_major else 1])
+            outputs = tf.raw_ops.CudnnRNNV3(sequence_lengths=lengths, time_major=case.time_major, **kwargs)
+        else:
+            outputs = getattr(tf.raw_ops, case.op)(**kwargs)
+        names = [tf.identity(outputs[0], name="y"), tf.identity(outputs[1], name="h")]
+        if lstm:
+            names.append(tf.identity(outputs[2], name="c"))
+        graph_def = graph.as_graph_def()
+    path = os.path.join(_DIR, f"{case.id}-{seed}.pb")
+    with open(path, "wb") as f:
+        f.write(graph_def.SerializeToString())
+    return path, inputs, [f"{t.name}" for t in names], weights
+
+
+def raw_feeds(case: RawCase, batch: int, time: int, seed: int) -> dict:
+    """Inputs by name: x (zeros past each row's length), seq_len (one row full, the last of three or
+    more empty), h0, c0."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((batch, time, case.input_size)).astype(np.float32)
+    lengths = rng.integers(1, time + 1, batch).astype(np.int32)
+    if case.lengths:
+        lengths[0], lengths[-1] = time, 0 if batch > 2 else lengths[-1]
+        x[np.arange(time)[None, :] >= lengths[:, None]] = 0.0
+    else:
+        lengths[:] = time
+    pseudo = case.layers * case.directions
+    feeds = {"x": x if not case.time_major else x.transpose(1, 0, 2)}
+    if case.initial_state:
+        for name in ("h0", "c0") if case.mode == "lstm" else ("h0",):
+            state = rng.standard_normal((pseudo, batch, case.hidden)).astype(np.float32)
+            feeds[name] = state if case.time_major else state.transpose(1, 0, 2)
+    if case.lengths:
+        feeds["seq_len"] = lengths
+    return feeds
+
+
+# -- the canonical equivalents --------------------------------------------------------------------------
+def keras_weights(mode: str, gates: Gates, hidden: int) -> list:
+    """A Keras 3 layer's weights (kernel, recurrent kernel, bias) from one pseudo-layer's cuDNN gates."""
+    order = {"lstm": (0, 1, 2, 3), "gru": (1, 0, 2)}.get(mode, (0,))  # Keras's gates, as cuDNN's indices
+    W = gates.W if gates.W is not None else tuple(np.eye(hidden, dtype=np.float32) for _ in order)
+    kernel = np.concatenate([W[g].T for g in order], axis=1)
+    recurrent = np.concatenate([gates.R[g].T for g in order], axis=1)
+    if mode == "gru":
+        bias = np.stack([np.concatenate([gates.Wb[g] for g in order]), np.concatenate([gates.Rb[g] for g in order])])
+    else:
+        bias = np.concatenate([gates.Wb[g] + gates.Rb[g] for g in order])
+    return [kernel, recurrent, bias]
+
+
+def canonical_outputs(case: RawCase, weights: list, feeds: dict) -> list:
+    """What the op computes, by Keras 3's canonical layers on the CPU: [y, h (, c)] in the op's layout.
+    Steps past a row's length are masked (a Masking layer over zeros there): their outputs are zeros,
+    the final states those of the row's last step, as cuDNN gives them."""
+    x, lengths = feeds["x"], feeds.get("seq_len")
+    states = [feeds[name] for name in ("h0", "c0") if name in feeds] if case.initial_state else None
+    if case.time_major:
+        x = x.transpose(1, 0, 2)
+        states = None if states is None else [s.transpose(1, 0, 2) for s in states]
+    batch, time = x.shape[:2]
+    if lengths is None:
+        lengths = np.full(batch, time, np.int32)
+    kept = np.arange(time)[None, :] < lengths[:, None]
+    layer_input = x * kept[..., None]
+    finals = {"h": [], "c": []}
+    for layer in range(case.layers):
+        halves = []
+        for direction in range(case.directions):
+            pseudo = layer * case.directions + direction
+            y, h, c = _run_layer(case, weights[pseudo], layer_input, kept, direction == 1,
+                                 None if states is None else [s[:, pseudo] for s in states])
+            halves.append(y)
+            finals["h"].append(h)
+            finals["c"].append(c)
+        layer_input = np.concatenate(halves, axis=-1) * kept[..., None]
+    y = layer_input
+    outputs = [y.transpose(1, 0, 2) if case.time_major else y]
+    for role in ("h", "c") if case.mode == "lstm" else ("h",):
+        stacked = np.stack(finals[role])  # [L*D, B, H]
+        outputs.append(stacked if case.time_major else stacked.transpose(1, 0, 2))
+    return outputs
+
+
+def _run_layer(case: RawCase, gates: Gates, x: np.ndarray, kept: np.ndarray, backward: bool, start) -> tuple:
+    """One layer and direction over [B, T, F] as a Keras 3 layer computes it, masked by ``kept`` (the
+    layer called with its mask: a functional model drops a Masking layer's mask where an initial state is
+    given): its outputs in time order, zeros at masked steps; its final states."""
+    import keras
+
+    features = x.shape[-1]
+    kind = KERAS_LAYER[case.mode]
+    kwargs = dict(units=case.hidden, return_sequences=True, return_state=True, go_backwards=backward)
+    if kind == "SimpleRNN":
+        kwargs["activation"] = "relu" if case.mode == "rnn_relu" else "tanh"
+    if kind == "GRU":
+        kwargs["reset_after"] = True
+    layer = getattr(keras.layers, kind)(**kwargs)
+    layer.build((None, None, features))
+    layer.set_weights(keras_weights(case.mode, gates, case.hidden))
+    out = layer(x, mask=kept, initial_state=None if start is None else list(start))
+    y, states = np.asarray(out[0]), [np.asarray(s) for s in out[1:]]
+    if backward:
+        y = y[:, ::-1]
+    y = y * kept[..., None]
+    return y, states[0], states[1] if len(states) > 1 else None
