@@ -45,6 +45,18 @@ class Outcome:
     own_step: bool = False  # no native node: the loop written as a Scan of its own step (``became`` is SCAN)
 
 
+@dataclass(frozen=True)
+class KerasMaskReading:
+    """A cuDNN op whose lengths are a Keras mask's row counts, read as Keras's masked layer on a CPU: the
+    mask (as the graph names it), its time axis, whether masked steps carry the last output (else
+    zeros), and whether the op runs over its input reversed within the lengths (go_backwards)."""
+
+    mask: str
+    time_axis: int
+    carry: bool
+    backward: bool
+
+
 @dataclass
 class Findings:
     """Every recurrent loop's outcome the rewriter recorded, and why it could not look at all, if it
@@ -54,6 +66,7 @@ class Findings:
     setup_error: str = ""  # why the rewriter could not run at all (an internal error), if it could not
     unrolled_error: str = ""  # why unrolled layers could not even be looked for (an internal error), if so
     no_fallback: set = field(default_factory=set)  # fused ops tf2onnx has no handler for: unread, the model fails
+    keras_masks: dict = field(default_factory=dict)  # a cuDNN op -> its KerasMaskReading, where it has one
 
 
 def while_loop_name(node: onnx.NodeProto) -> str:

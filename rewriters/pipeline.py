@@ -327,7 +327,9 @@ class RecurrentRewriter:
             if node.type in tf1_fused.OPS:
                 passes = tf1_fused.fused_passes(graph, node, loop_id.layer)
             elif node.type in cudnn.OPS:
-                passes = cudnn.fused_passes(graph, node, loop_id.layer)
+                passes, reading = cudnn.fused_passes(graph, node, loop_id.layer)
+                if reading is not None:  # the verification's reference computes the op as it was read
+                    self.findings.keras_masks[node.name] = reading
             else:
                 passes = tflite_fused.fused_passes(graph, node, self.fused_ops.get(loop_id.loop), loop_id.layer,
                                                    self.allowed)

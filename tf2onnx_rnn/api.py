@@ -18,6 +18,7 @@ from typing import Optional
 
 import onnx
 
+from .cudnn_reference import checked_source
 from .dim_names import name_dimensions
 from .errors import ConversionError, VerificationError, first_line, param, raised_by_library
 from .options import Options, check_tolerance
@@ -51,6 +52,9 @@ class Conversion:
     report: ConversionReport
     verification: Optional[object] = None  # a verify.VerificationResult
     written: list = field(default_factory=list)  # the files written: the model, and its external data if any
+    # cuDNN ops read as Keras's masked layers (op -> rewriters.outcome.KerasMaskReading): where TensorFlow
+    # cannot run them, the checks' reference computes them so (cudnn_reference)
+    keras_masks: dict = field(default_factory=dict)
 
 
 class VerificationFailed(VerificationError):
@@ -180,31 +184,32 @@ def run(source: Source, *, output_path: Optional[str] = None, verify: bool = Fal
     frozen = freeze(source, options)
     conversion = convert(frozen, options)
     in_memory = fits_in_protobuf(conversion.model_proto)
+    checked = checked_source(source, frozen, conversion.keras_masks)  # cuDNN ops with no GPU: CPU ops for them
     if verify:
         if not in_memory:  # verification runs the model from memory, which protobuf caps at 2 GB
             raise ConversionError(f"{param('verify')} cannot run a model over 2 GB (protobuf's limit for a model "
                                   f"held in memory); convert without {param('verify')}: the written model is still "
                                   "checked to load in onnxruntime")
-        conversion.verification = source.verify(conversion.model_proto, tolerance)
+        conversion.verification = checked.verify(conversion.model_proto, tolerance)
         if not conversion.verification.passed:
             raise VerificationFailed(conversion.verification, conversion)
-        checked = (f"outputs verified against {conversion.verification.reference} at input shapes "
-                   + "; ".join(conversion.verification.input_shapes))
+        what = (f"outputs verified against {conversion.verification.reference} at input shapes "
+                + "; ".join(conversion.verification.input_shapes))
         measured = conversion.verification.measured
     elif not options.check_shapes:
-        checked, measured = "output shapes not checked (the check was turned off)", []
+        what, measured = "output shapes not checked (the check was turned off)", []
     elif not in_memory:
-        checked = "output shapes not checked: the model is over 2 GB, which onnxruntime cannot run from memory"
+        what = "output shapes not checked: the model is over 2 GB, which onnxruntime cannot run from memory"
         measured = []
     else:
-        checked, measured = check_output_shapes(source, conversion)
-    conversion.report.checked = checked
+        what, measured = check_output_shapes(checked, conversion)
+    conversion.report.checked = what
     states = [name for o in conversion.report.outcomes for name in o.state_inputs if name]
     conversion.report.dimensions = name_dimensions(conversion.model_proto, measured, keras=source.kind in KERAS_KINDS,
                                                    state_inputs=states, infer=in_memory)
     logger.info("tf2onnx_rnn: dimensions: %s", conversion.report.dimensions or "none dynamic")
     conversion.report.attach(conversion.model_proto)
-    logger.info("tf2onnx_rnn: %s", checked)
+    logger.info("tf2onnx_rnn: %s", what)
     if output_path:
         # a model too big to load from memory is loaded from its written files before they replace the output
         conversion.written = save_model(conversion.model_proto, output_path,
@@ -251,7 +256,7 @@ def convert(frozen: Frozen, options: Options) -> Conversion:
     check_loadable(model_proto, options.continue_on_error)
     if options.large_model:
         model_proto.metadata_props.add(key=LARGE_MODEL_KEY, value="1")
-    return Conversion(model_proto, report)
+    return Conversion(model_proto, report, keras_masks=dict(getattr(findings, "keras_masks", {}) or {}))
 
 
 def check_lowered(report: ConversionReport, lowered: tuple) -> None:

@@ -437,7 +437,8 @@ def verify_tflite(path: str, model_proto: onnx.ModelProto, tolerance: float = 1e
 
 def verify_graph_def(graph_def, graph_inputs: Sequence[str], graph_outputs: Sequence[str],
                      model_proto: onnx.ModelProto, tolerance: float = 1e-4, seed: int = 0,
-                     inputs: Optional[list] = None, values: bool = True) -> VerificationResult:
+                     inputs: Optional[list] = None, values: bool = True,
+                     reference_name: str = "TensorFlow") -> VerificationResult:
     """Compare a frozen graph, run in TensorFlow, with its conversion, whose inputs and outputs are the
     graph's tensors ``graph_inputs`` and ``graph_outputs`` in order (renamed or not)."""
     import tensorflow as tf
@@ -450,4 +451,4 @@ def verify_graph_def(graph_def, graph_inputs: Sequence[str], graph_outputs: Sequ
         with tf.compat.v1.Session(graph=graph) as session:
             return session.run(list(graph_outputs), dict(zip(graph_inputs, arrays)))
 
-    return compare(reference, model_proto, tolerance, seed, inputs, reference_name="TensorFlow", values=values)
+    return compare(reference, model_proto, tolerance, seed, inputs, reference_name=reference_name, values=values)

@@ -32,6 +32,7 @@ from tf2onnx.graph_builder import GraphBuilder
 
 from ..cells.evaluate import NotEvaluable, evaluate
 from ..description import CellKind, Direction, MaskedOutput, NoMatch, Pass, StateRole, Wiring, require
+from ..outcome import KerasMaskReading
 from .adapt import (
     constant_list,
     is_constant,
@@ -174,8 +175,9 @@ def read_op(graph, node) -> _Op:
     return _Op(node, mode, layout, time_major_, params)
 
 
-def fused_passes(graph, node, name: str) -> list:
-    """The passes a cuDNN op computes: one per layer and direction, layer by layer."""
+def fused_passes(graph, node, name: str) -> tuple:
+    """(the passes a cuDNN op computes, one per layer and direction, layer by layer; its
+    :class:`~.outcome.KerasMaskReading` where its lengths are a Keras mask's counts, else None)."""
     op = read_op(graph, node)
     weights = decode(op.params, op.layout, node.name)
     rows = _rows(graph, op)
@@ -202,7 +204,11 @@ def fused_passes(graph, node, name: str) -> list:
         passes.extend(halves)
         layer_input, layer_input_unreversed = outputs.layer_output(layer), None
     outputs.rewire()
-    return passes
+    reading = None
+    if isinstance(rows, KerasMask):
+        reading = KerasMaskReading(rows.mask, rows.time_axis, passes[0].wiring.masked_output is MaskedOutput.CARRY,
+                                   x_unreversed is not None)
+    return passes, reading
 
 
 def _loop_name(op: _Op, layer: int, direction: int) -> str:
