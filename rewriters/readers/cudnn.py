@@ -24,7 +24,7 @@ What is read (:mod:`.cudnn_params` holds the modes and the weights' layout):
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
@@ -64,12 +64,12 @@ def mode_of(node) -> Mode:
 
 
 def kind_of(node) -> CellKind:
-    """The cell family the op's mode is, named for the report as the family and the op (LSTM (CudnnRNNV3))."""
+    """The cell family the op's mode is (a pass of it pairs with a loop's of that family: a Keras
+    Bidirectional may hold one layer cuDNN takes and one it does not)."""
     from .. import cell_kinds
 
     mode = MODES.get(str(_attr(node, "rnn_mode", "lstm")), MODES["lstm"])
-    family = next(kind for kind in cell_kinds() if kind.onnx_op == mode.onnx_op and not kind.form_of)
-    return replace(family, keras_name=f"{family.keras_name} ({node.type})")
+    return next(kind for kind in cell_kinds() if kind.onnx_op == mode.onnx_op and not kind.form_of)
 
 
 # -- how the op's rows are masked ------------------------------------------------------------------
@@ -200,6 +200,7 @@ def fused_passes(graph, node, name: str) -> tuple:
                                direction=Direction.BACKWARD if backward else Direction.FORWARD,
                                hidden_size=layout.hidden, input_size=layout.features_of(layer), dtype=op.dtype,
                                attributes=op.mode.attributes, activations=op.mode.activations, wiring=wiring,
+                               note=f"read from cuDNN's {node.type} op",
                                W=weights[pseudo].W, R=weights[pseudo].R, B=weights[pseudo].B))
         passes.extend(halves)
         layer_input, layer_input_unreversed = outputs.layer_output(layer), None
@@ -226,6 +227,10 @@ def _rows(graph, op: _Op):
         return Full()
     lengths = node.input[_LENGTHS]
     if _fills_time(graph, lengths, node.input[_X], op.time_axis):
+        return Full()
+    reversal = graph.get_node_by_output(node.input[_X])  # go_backwards: Keras counts the steps it reverses
+    if reversal is not None and reversal.type == "ReverseSequence" and \
+            _fills_time(graph, lengths, reversal.input[0], op.time_axis):
         return Full()
     found = _keras_mask(graph, lengths)
     if found is not None:
