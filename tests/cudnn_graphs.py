@@ -138,28 +138,32 @@ def params_of(weights: list) -> np.ndarray:
 
 
 def raw_graph(case: RawCase, seed: int = 0):
-    """(path of the frozen .pb, input names, output names, the drawn weights): the op over ``x``
-    (``seq_len`` and ``h0``/``c0`` where the case has them), its output, final h (and c) as outputs."""
+    """(path of the frozen .pb, input names, output names, the drawn weights): the op over ``x`` (and
+    ``seq_len``, ``h0``, ``c0`` where the case has them), its output, final h (and c) as outputs. The
+    inputs are batch-major ([B, T, F], [B, L*D, H], [B]: what the suite's random inputs give consistent
+    sizes) and moved to the op's layout in the graph; the outputs are in the op's layout."""
     import tensorflow as tf
 
     weights = draw_weights(case, seed)
     pseudo = case.layers * case.directions
     lstm = case.mode == "lstm"
+
+    def laid_out(tensor):
+        return tf.transpose(tensor, [1, 0, 2]) if case.time_major else tensor
+
     with tf.Graph().as_default() as graph:
-        x_shape = [None, None, case.input_size]
-        x = tf.compat.v1.placeholder(tf.float32, x_shape, name="x")
-        batch = tf.shape(x)[1 if case.time_major else 0]
-        state_shape = [pseudo, None, case.hidden] if case.time_major else [None, pseudo, case.hidden]
+        x = tf.compat.v1.placeholder(tf.float32, [None, None, case.input_size], name="x")
+        batch, steps = tf.shape(x)[0], tf.shape(x)[1]
         inputs = ["x:0"]
         if case.initial_state:
-            h0 = tf.compat.v1.placeholder(tf.float32, state_shape, name="h0")
-            inputs.append("h0:0")
-            c0 = tf.compat.v1.placeholder(tf.float32, state_shape, name="c0") if lstm else tf.zeros_like(h0)
-            inputs += ["c0:0"] if lstm else []
+            h0 = tf.compat.v1.placeholder(tf.float32, [None, pseudo, case.hidden], name="h0")
+            c0 = tf.compat.v1.placeholder(tf.float32, [None, pseudo, case.hidden], name="c0") if lstm else h0
+            inputs += ["h0:0", "c0:0"] if lstm else ["h0:0"]
+            h0, c0 = laid_out(h0), laid_out(c0)
         else:
             zeros = [pseudo, batch, case.hidden] if case.time_major else [batch, pseudo, case.hidden]
             h0 = c0 = tf.zeros(tf.stack(zeros))
-        kwargs = dict(input=x, input_h=h0, input_c=c0, params=tf.constant(params_of(weights), name="params"),
+        kwargs = dict(input=laid_out(x), input_h=h0, input_c=c0, params=tf.constant(params_of(weights), name="params"),
                       rnn_mode=case.mode, input_mode="skip_input" if case.skip_input else "linear_input",
                       direction="bidirectional" if case.bidirectional else "unidirectional", is_training=False)
         if case.op == "CudnnRNNV3":
@@ -167,7 +171,7 @@ def raw_graph(case: RawCase, seed: int = 0):
                 lengths = tf.compat.v1.placeholder(tf.int32, [None], name="seq_len")
                 inputs.append("seq_len:0")
             else:
-                lengths = tf.fill([batch], tf.shape(x)[0 if case.time_major else 1])
+                lengths = tf.fill([batch], steps)
             outputs = tf.raw_ops.CudnnRNNV3(sequence_lengths=lengths, time_major=case.time_major, **kwargs)
         else:
             outputs = getattr(tf.raw_ops, case.op)(**kwargs)
@@ -182,22 +186,19 @@ def raw_graph(case: RawCase, seed: int = 0):
 
 
 def raw_feeds(case: RawCase, batch: int, time: int, seed: int) -> dict:
-    """Inputs by name: x (zeros past each row's length), seq_len (one row full, the last of three or
-    more empty), h0, c0."""
+    """Inputs by name, batch-major: x (zeros past each row's length), seq_len (one row full, the last of
+    three or more empty), h0, c0."""
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((batch, time, case.input_size)).astype(np.float32)
     lengths = rng.integers(1, time + 1, batch).astype(np.int32)
     if case.lengths:
         lengths[0], lengths[-1] = time, 0 if batch > 2 else lengths[-1]
         x[np.arange(time)[None, :] >= lengths[:, None]] = 0.0
-    else:
-        lengths[:] = time
     pseudo = case.layers * case.directions
-    feeds = {"x": x if not case.time_major else x.transpose(1, 0, 2)}
+    feeds = {"x": x}
     if case.initial_state:
         for name in ("h0", "c0") if case.mode == "lstm" else ("h0",):
-            state = rng.standard_normal((pseudo, batch, case.hidden)).astype(np.float32)
-            feeds[name] = state if case.time_major else state.transpose(1, 0, 2)
+            feeds[name] = rng.standard_normal((batch, pseudo, case.hidden)).astype(np.float32)
     if case.lengths:
         feeds["seq_len"] = lengths
     return feeds
@@ -223,9 +224,6 @@ def canonical_outputs(case: RawCase, weights: list, feeds: dict) -> list:
     the final states those of the row's last step, as cuDNN gives them."""
     x, lengths = feeds["x"], feeds.get("seq_len")
     states = [feeds[name] for name in ("h0", "c0") if name in feeds] if case.initial_state else None
-    if case.time_major:
-        x = x.transpose(1, 0, 2)
-        states = None if states is None else [s.transpose(1, 0, 2) for s in states]
     batch, time = x.shape[:2]
     if lengths is None:
         lengths = np.full(batch, time, np.int32)
