@@ -330,3 +330,214 @@ def test_tf1_graphs_of_cudnn_ops_equal_the_canonical_layers(case: RawCase):
         expected = cudnn_graphs.canonical_outputs(case, weights, feeds)
         actual = session.run(None, {name: feeds[name.split(":")[0]] for name in names})
         _close(expected, actual, label=f"batch {batch}, time {time}")
+
+
+# -- 4. refusals ---------------------------------------------------------------------------------------------
+
+def _odd_graph(tmp_path, what: str) -> tuple:
+    """A one-op graph of something ONNX cannot compute exactly (``what``): (path, inputs, outputs)."""
+    import tensorflow as tf
+
+    features, hidden = 3, 4
+    with tf.Graph().as_default() as graph:
+        x = tf.compat.v1.placeholder(tf.float32, [None, None, features], name="x")
+        batch = tf.shape(x)[1]
+        layers = 2 if what == "dropout" else 1
+        h0 = tf.zeros(tf.stack([layers, batch, hidden]))
+        inputs = ["x:0"]
+        weights = cudnn_graphs.draw_weights(RawCase(mode="lstm", layers=layers), 0)
+        params = tf.constant(cudnn_graphs.params_of(weights))
+        kwargs = dict(rnn_mode="lstm", is_training=False)
+        if what == "params":
+            params = tf.compat.v1.placeholder(tf.float32, [None], name="p")
+            inputs.append("p:0")
+        elif what == "layers":
+            h0 = tf.compat.v1.placeholder(tf.float32, [None, None, hidden], name="h0")
+            inputs.append("h0:0")
+        elif what == "dropout":
+            kwargs.update(dropout=0.5, is_training=True)
+        elif what == "skip":
+            kwargs.update(input_mode="skip_input")
+        if what == "projection":
+            proj = 2
+            h0 = tf.zeros(tf.stack([1, batch, proj]))
+            params = tf.constant(np.zeros(4 * hidden * (features + proj) + proj * hidden + 8 * hidden, np.float32))
+            y = tf.raw_ops.CudnnRNNV3(input=x, input_h=h0, input_c=tf.zeros(tf.stack([1, batch, hidden])),
+                                      params=params, sequence_lengths=tf.fill([batch], tf.shape(x)[0]),
+                                      num_proj=proj, **kwargs)[0]
+        else:
+            y = tf.raw_ops.CudnnRNN(input=x, input_h=h0, input_c=h0, params=params, **kwargs)[0]
+        tf.identity(y, name="y")
+    path = str(tmp_path / f"{what}.pb")
+    with open(path, "wb") as f:
+        f.write(graph.as_graph_def().SerializeToString())
+    return path, inputs, ["y:0"]
+
+
+REFUSED = {"projection": "projects its output", "skip": "skip_input", "dropout": "drops out",
+           "params": "params are not constant", "layers": "number of layers is not known"}
+
+
+@pytest.mark.parametrize("what", sorted(REFUSED))
+def test_what_onnx_cannot_compute_exactly_is_refused_in_one_line(what: str, tmp_path):
+    from tf2onnx_rnn import ConversionError, convert_graph_def
+
+    path, inputs, outputs = _odd_graph(tmp_path, what)
+    output = tmp_path / "model.onnx"
+    with pytest.raises(ConversionError) as refused:
+        convert_graph_def(path, inputs, outputs, output_path=str(output))
+    message = str(refused.value)
+    assert "\n" not in message and "CudnnRNN" in message and REFUSED[what] in message, message
+    assert not output.exists()
+
+
+def test_the_command_line_refuses_a_cudnn_op_with_exit_code_2(tmp_path):
+    path, inputs, outputs = _odd_graph(tmp_path, "dropout")
+    output = tmp_path / "model.onnx"
+    done = subprocess.run([sys.executable, "-m", "tf2onnx_rnn.convert", "--graphdef", path, "--inputs", inputs[0],
+                           "--outputs", outputs[0], "--output", str(output)], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 2, (done.returncode, done.stderr[-800:])
+    line = helpers.assert_one_error_line(done.stderr)
+    assert "CudnnRNN" in line and "drops out" in line, line
+    assert not output.exists()
+
+
+# -- 5. checks without a GPU ---------------------------------------------------------------------------------
+
+_EXPORTED: dict = {}
+
+
+def _exported(name: str):
+    """(a Keras 3 model, its SavedModel exported on a GPU machine), built once per process: "masked" is
+    Masking -> LSTM (all steps) -> Bidirectional(GRU); "backwards" an Embedding(mask_zero) -> go_backwards
+    LSTM (all steps) -> GRU returning its state; "mixed" the masked model in mixed_float16; "fixed" a Bidirectional LSTM
+    over a fixed batch of 1 and 7 steps."""
+    if name not in _EXPORTED:
+        import keras
+
+        if name == "mixed":
+            keras.mixed_precision.set_global_policy("mixed_float16")
+        try:
+            if name in ("masked", "mixed"):
+                model = _masked_model("keras3")
+            elif name == "backwards":
+                ids = keras.Input((None,), dtype="int32", name="ids")
+                embedded = keras.layers.Embedding(6, 3, mask_zero=True)(ids)
+                hidden = keras.layers.LSTM(4, go_backwards=True, return_sequences=True)(embedded)
+                model = keras.Model(ids, keras.layers.GRU(3, return_state=True)(hidden))
+            else:
+                x = keras.Input((7, 3), batch_size=1, name="x")
+                model = keras.Model(x, keras.layers.Bidirectional(keras.layers.LSTM(4, return_sequences=True))(x))
+        finally:
+            keras.mixed_precision.set_global_policy("float32")
+        parity.randomize_weights(model, 31)
+        _EXPORTED[name] = model, cudnn_graphs.export_on_gpu_machine(model, name)
+    return _EXPORTED[name]
+
+
+@parity.only_keras3
+def test_verify_without_a_gpu_names_its_reference_passes_and_fails_on_perturbed_weights():
+    from tf2onnx_rnn import api, cudnn_reference
+    from tf2onnx_rnn.options import Options
+    from tf2onnx_rnn.sources.saved_model import SavedModel
+
+    _, path = _exported("masked")
+    source = SavedModel(path)
+    conversion = api.run(source, verify=True)
+    assert conversion.verification.passed
+    assert conversion.verification.reference == cudnn_reference.NAME
+    assert cudnn_reference.NAME in conversion.report.checked and "verified" in conversion.report.checked
+    checked = cudnn_reference.checked_source(source, api.freeze(source, Options()), conversion.keras_masks)
+    perturbed = onnx.ModelProto.FromString(conversion.model_proto.SerializeToString())
+    weight = next(init for init in perturbed.graph.initializer if init.name.endswith("_W") or "_W__" in init.name)
+    values = onnx.numpy_helper.to_array(weight).copy()
+    values.flat[0] += 0.05
+    weight.CopyFrom(onnx.numpy_helper.from_array(values, weight.name))
+    failed = checked.verify(perturbed, 1e-4)
+    assert not failed.passed and "max abs error" in failed.table()
+
+
+@parity.only_keras3
+def test_the_output_shape_check_runs_without_a_gpu():
+    from tf2onnx_rnn import convert_saved_model, cudnn_reference, report_of
+
+    _, path = _exported("backwards")
+    checked = report_of(convert_saved_model(path)).checked
+    assert checked.startswith("output shapes checked against " + cudnn_reference.NAME), checked
+
+
+@parity.only_keras3
+def test_verify_on_the_command_line_names_its_reference(tmp_path):
+    _, path = _exported("masked")
+    output = tmp_path / "model.onnx"
+    done = subprocess.run([sys.executable, "-m", "tf2onnx_rnn.convert", "--saved-model", path, "--output", str(output),
+                           "--verify"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-1500:]
+    assert "cuDNN ops computed by CPU ops" in done.stdout and output.exists()
+
+
+# -- 6. Keras 3 models exported on a GPU machine: masks, mixed precision, fixed signatures, downstream -------
+
+@parity.only_keras3
+@pytest.mark.parametrize("name", ["masked", "backwards", "mixed", "fixed"])
+def test_keras3_exported_on_a_gpu_machine_equals_keras_on_the_cpu(name: str):
+    from tf2onnx_rnn import convert_saved_model
+
+    model, path = _exported(name)
+    proto = convert_saved_model(path, verify=True, tolerance=1e-2 if name == "mixed" else 1e-4)
+    _no_loops(proto)
+    assert _recurrent(proto) == _recurrent(_cpu_conversion(name))
+    if name == "fixed":
+        arrays = [np.random.default_rng(1).standard_normal((1, 7, 3)).astype(np.float32)]
+    elif name == "backwards":
+        mask = _mixed_masks()
+        ids = np.random.default_rng(2).integers(1, 6, mask.shape)
+        arrays = [np.where(mask, ids, 0).astype(np.int32)]
+    else:
+        arrays = [_masked_batch(4)]
+    expected = parity.keras_outputs(model, arrays)
+    actual = helpers.ort_session(proto).run(None, {proto.graph.input[0].name: arrays[0]})
+    _close(expected, actual, 1e-2 if name == "mixed" else TOLERANCE)
+
+
+def _cpu_conversion(name: str):
+    from tf2onnx_rnn import convert_keras
+
+    return convert_keras(_exported(name)[0], check_shapes=False)
+
+
+@parity.only_keras3
+@pytest.mark.parametrize("name", ["masked", "backwards", "fixed"])
+def test_openvino_and_tract_run_what_a_gpu_machine_exported(name: str, tmp_path):
+    """The portable form (a masked model's needs it: tract takes constant sequence_lens only, OpenVINO
+    ignores computed ones under dynamic shapes) in OpenVINO (f32) and tract, within 1e-4 of Keras, on rows
+    full, post-padded, pre-padded and holed (empty ones: onnxruntime's LSTM ends the process on a batch of
+    none, and tract's zero states want a row)."""
+    pytest.importorskip("openvino")
+    pytest.importorskip("tract")
+    from test_downstream import run_openvino, run_tract
+
+    from tf2onnx_rnn import convert_saved_model
+
+    model, path = _exported(name)
+    output = str(tmp_path / "model.onnx")
+    proto = convert_saved_model(path, output_path=output, target="portable")
+    if name == "backwards":
+        mask = _mixed_masks()[:4]  # rows full, post-padded, pre-padded, holed
+        x = np.where(mask, np.random.default_rng(5).integers(1, 6, mask.shape), 0).astype(np.int32)
+    else:
+        x = _masked_batch(6)[:4] if name == "masked" else np.random.default_rng(6).standard_normal(
+            (1, 7, 3)).astype(np.float32)
+    expected = parity.keras_outputs(model, [x])
+    _close(expected, helpers.ort_session(proto).run(None, {proto.graph.input[0].name: x}), 1e-4, "onnxruntime")
+    _close(expected, run_openvino(output, x), 1e-4, "OpenVINO")
+    if name == "backwards":  # token ids [B, T]: the time fixed, as a go_backwards layer's step-order outputs are
+        import tract  # reversed by a Slice (so in the model's CPU conversion too: docs/downstream.md)
+
+        runnable = tract.onnx().load(output)
+        runnable.set_input_fact(0, f"B,{x.shape[1]},i32")
+        actual = [t.to_numpy() for t in runnable.into_model().into_runnable().run([x])]
+    else:
+        actual = run_tract(output, x, batch=name == "fixed", time=name == "fixed")
+    _close(expected, actual, 1e-4, "tract")
