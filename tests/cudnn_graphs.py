@@ -270,3 +270,134 @@ def _run_layer(case: RawCase, gates: Gates, x: np.ndarray, kept: np.ndarray, bac
         y = y[:, ::-1]
     y = y * kept[..., None]
     return y, states[0], states[1] if len(states) > 1 else None
+
+
+# -- TF 1.x checkpoints holding canonical weights ------------------------------------------------------------
+def canonical_lstm_weights(case: RawCase, seed: int) -> list:
+    """Per pseudo-layer, TF 1.x's canonical LSTM weights as ``tf.contrib.cudnn_rnn``'s checkpoints held them:
+    a ``CudnnCompatibleLSTMCell`` kernel [in + H, 4H] with its gates in the order i, c, f, o, and one bias
+    [4H]."""
+    rng = np.random.default_rng(seed)
+    return [((rng.standard_normal((case.features_of(pseudo // case.directions) + case.hidden, 4 * case.hidden))
+              * 0.5).astype(np.float32), (rng.standard_normal(4 * case.hidden) * 0.5).astype(np.float32))
+            for pseudo in range(case.layers * case.directions)]
+
+
+def canonical_names(case: RawCase) -> list:
+    """The checkpoint names of each pseudo-layer's kernel and bias, as ``tf.contrib.cudnn_rnn.CudnnLSTM``
+    wrote them."""
+    names = []
+    for layer in range(case.layers):
+        for direction in ("fw", "bw")[:case.directions]:
+            scope = (f"cudnn_lstm/stack_bidirectional_rnn/cell_{layer}/bidirectional_rnn/{direction}"
+                     if case.bidirectional else f"cudnn_lstm/rnn/multi_rnn_cell/cell_{layer}")
+            names.append((f"{scope}/cudnn_compatible_lstm_cell/kernel", f"{scope}/cudnn_compatible_lstm_cell/bias"))
+    return names
+
+
+def gates_of_canonical(case: RawCase, canonical: list) -> list:
+    """cuDNN's gates (i, f, c, o) of canonical weights, as the checkpoint's restore gives them: each matrix
+    transposed, each bias halved between input and recurrent."""
+    found = []
+    for pseudo, (kernel, bias) in enumerate(canonical):
+        features = case.features_of(pseudo // case.directions)
+        blocks = [slice(g * case.hidden, (g + 1) * case.hidden) for g in (0, 2, 1, 3)]  # i, f, c, o of i, c, f, o
+        found.append(Gates(tuple(kernel[:features, b].T.copy() for b in blocks),
+                           tuple(kernel[features:, b].T.copy() for b in blocks),
+                           tuple(bias[b] / 2 for b in blocks), tuple(bias[b] / 2 for b in blocks)))
+    return found
+
+
+def _contrib_layer(case: RawCase, canonical: list):
+    """In the default graph, a ``CudnnLSTM`` layer as ``tf.contrib.cudnn_rnn`` built one: a ``CudnnRNN`` op over
+    an opaque ``params`` variable, and the saveable that restores it from canonical weights through
+    ``CudnnRNNCanonicalToParams`` (its save tensors are the canonical values themselves). Returns the saver."""
+    import tensorflow as tf
+    from tensorflow.python.ops import gen_cudnn_rnn_ops
+    from tensorflow.python.training.saving import saveable_object
+
+    names = canonical_names(case)
+    size = params_of(gates_of_canonical(case, canonical)).size
+    x = tf.compat.v1.placeholder(tf.float32, [None, None, case.features], name="x")
+    opaque = tf.compat.v1.get_variable("cudnn_lstm/opaque_kernel", [size], initializer=tf.zeros_initializer())
+    zeros = tf.zeros(tf.stack([case.layers * case.directions, tf.shape(x)[0], case.hidden]))
+    direction = "bidirectional" if case.bidirectional else "unidirectional"
+    y = tf.raw_ops.CudnnRNN(input=tf.transpose(x, [1, 0, 2]), input_h=zeros, input_c=zeros, params=opaque,
+                            rnn_mode="lstm", direction=direction, is_training=False)[0]
+    tf.identity(y, name="y")
+
+    class CanonicalWeights(saveable_object.SaveableObject):
+        """Restores the opaque variable from canonical weights, as contrib's CudnnOpaqueParamsSaveable."""
+
+        def __init__(self):
+            specs = [saveable_object.SaveSpec(tf.constant(value), "", name)
+                     for pair, values in zip(names, canonical) for name, value in zip(pair, values)]
+            super().__init__(opaque, specs, "cudnn_lstm/opaque_kernel")
+
+        def restore(self, restored, shapes):
+            weights, biases = [], []
+            for pseudo in range(len(canonical)):
+                kernel, bias = restored[2 * pseudo], restored[2 * pseudo + 1]
+                features = case.features_of(pseudo // case.directions)
+                gates = [tf.transpose(part) for part in tf.split(kernel[:features], 4, axis=1)]
+                recurrent = [tf.transpose(part) for part in tf.split(kernel[features:], 4, axis=1)]
+                order = (0, 2, 1, 3)  # cuDNN's i, f, c, o of TF's i, c, f, o
+                weights += [gates[g] for g in order] + [recurrent[g] for g in order]
+                halves = tf.split(bias, 4)
+                biases += [halves[g] / 2 for g in order] * 2
+            params = gen_cudnn_rnn_ops.cudnn_rnn_canonical_to_params(
+                num_layers=case.layers, num_units=case.hidden, input_size=case.features, weights=weights,
+                biases=biases, rnn_mode="lstm", direction=direction)
+            return tf.compat.v1.assign(opaque, params)
+
+    return tf.compat.v1.train.Saver(var_list=[CanonicalWeights()])
+
+
+def _write_canonical(case: RawCase, canonical: list, prefix: str) -> None:
+    """A checkpoint of the canonical weights under their names (written from a graph of plain variables: a
+    session over the layer's own graph would place its cuDNN op, which has no CPU kernel)."""
+    import tensorflow as tf
+
+    with tf.Graph().as_default():
+        variables = {name: tf.compat.v1.Variable(value, name=name.replace("/", "_"))
+                     for pair, values in zip(canonical_names(case), canonical) for name, value in zip(pair, values)}
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            tf.compat.v1.train.Saver(var_list=variables).save(session, prefix, write_meta_graph=False)
+
+
+def contrib_checkpoint(case: RawCase, seed: int, directory: str) -> tuple:
+    """A TF 1.x checkpoint of a ``CudnnLSTM`` layer as ``tf.contrib.cudnn_rnn`` wrote one: canonical weights
+    under their names, and a meta graph whose saver restores the layer's opaque params from them
+    (:func:`_contrib_layer`). Returns (the meta graph's path, inputs, outputs, the canonical weights)."""
+    import tensorflow as tf
+
+    canonical = canonical_lstm_weights(case, seed)
+    prefix = os.path.join(directory, "model")
+    _write_canonical(case, canonical, prefix)
+    with tf.Graph().as_default():
+        _contrib_layer(case, canonical).export_meta_graph(prefix + ".meta")
+    return prefix + ".meta", ["x:0"], ["y:0"], canonical
+
+
+def contrib_saved_model(case: RawCase, seed: int, directory: str) -> tuple:
+    """A TF 1.x SavedModel of the same layer, as ``SavedModelBuilder`` writes one with the layer's saver (its
+    meta graph tagged ``serve`` with a serving signature from ``x`` to ``y``, the canonical weights in
+    ``variables/``). Returns (its path, the canonical weights)."""
+    import tensorflow as tf
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    canonical = canonical_lstm_weights(case, seed)
+    path = os.path.join(directory, "saved_model")
+    os.makedirs(os.path.join(path, "variables"))
+    _write_canonical(case, canonical, os.path.join(path, "variables", "variables"))
+    with tf.Graph().as_default() as graph:
+        meta = _contrib_layer(case, canonical).export_meta_graph()
+        meta.meta_info_def.tags.append("serve")
+        meta.signature_def["serving_default"].CopyFrom(tf.compat.v1.saved_model.predict_signature_def(
+            {"x": graph.get_tensor_by_name("x:0")}, {"y": graph.get_tensor_by_name("y:0")}))
+    saved = saved_model_pb2.SavedModel(saved_model_schema_version=1)
+    saved.meta_graphs.add().CopyFrom(meta)
+    with open(os.path.join(path, "saved_model.pb"), "wb") as stream:
+        stream.write(saved.SerializeToString())
+    return path, canonical

@@ -541,3 +541,36 @@ def test_openvino_and_tract_run_what_a_gpu_machine_exported(name: str, tmp_path)
     else:
         actual = run_tract(output, x, batch=name == "fixed", time=name == "fixed")
     _close(expected, actual, 1e-4, "tract")
+
+
+# -- 7. TF 1.x checkpoints holding canonical weights ---------------------------------------------------------
+
+CHECKPOINT_CASES = [RawCase(op="CudnnRNN", mode="lstm"), RawCase(op="CudnnRNN", mode="lstm", layers=2),
+                    RawCase(op="CudnnRNN", mode="lstm", bidirectional=True),
+                    RawCase(op="CudnnRNN", mode="lstm", layers=3, bidirectional=True)]
+
+
+@pytest.mark.parametrize("source", ["checkpoint", "saved_model"])
+@pytest.mark.parametrize("case", CHECKPOINT_CASES, ids=lambda case: case.id)
+def test_a_tf1_checkpoint_of_canonical_weights_converts_to_them(case: RawCase, source: str, tmp_path):
+    """A TF 1.x cuDNN layer's checkpoint (or TF1 SavedModel) holds canonical weights
+    (``CudnnCompatibleLSTMCell`` kernels) and restores its opaque params through
+    ``CudnnRNNCanonicalToParams``, which TensorFlow runs on a GPU only: restored here on the CPU, the model
+    equals the canonical layers over those weights, several layers and both directions included, whatever
+    cuDNN's own layout of the buffer (the buffer is written and read by the same documented one)."""
+    from tf2onnx_rnn import convert_checkpoint, convert_saved_model
+
+    if source == "checkpoint":
+        meta, inputs, outputs, canonical = cudnn_graphs.contrib_checkpoint(case, 3, str(tmp_path))
+        proto = convert_checkpoint(meta, inputs, outputs)
+    else:
+        path, canonical = cudnn_graphs.contrib_saved_model(case, 3, str(tmp_path))
+        proto = convert_saved_model(path)
+    _no_loops(proto)
+    assert len(helpers.nodes_of_types(proto, {"LSTM"})) == case.layers
+    session = helpers.ort_session(proto)
+    gates = cudnn_graphs.gates_of_canonical(case, canonical)
+    for seed, (batch, time) in enumerate(((3, 5), (1, 2))):
+        feeds = cudnn_graphs.raw_feeds(case, batch, time, seed)
+        expected = cudnn_graphs.canonical_outputs(case, gates, feeds)[:1]
+        _close(expected, session.run(None, {session.get_inputs()[0].name: feeds["x"]}), label=f"batch {batch}")

@@ -19,6 +19,12 @@ function written from cuDNN's equations (its weights sliced from ``params`` by t
 
 The report and the verification table name this reference. On a machine with a GPU the source itself
 is the reference.
+
+Restoring a TF 1.x cuDNN layer's checkpoint (or TF1 SavedModel) runs ``CudnnRNNCanonicalToParams``,
+which writes the canonical weights the checkpoint holds into the opaque ``params`` buffer: GPU-only too.
+:func:`canonical_to_params_on_cpu` writes that op as the buffer's documented layout, every weight's values
+then every bias's, in the order the op takes them; the converter reads the buffer by the same layout, so
+a model restored from canonical weights converts to them whatever cuDNN's own layout is.
 """
 from __future__ import annotations
 
@@ -29,6 +35,7 @@ import numpy as np
 from .rewriters.readers.cudnn_params import MODES, Layout, pieces, solve_features, solve_hidden
 
 OPS = ("CudnnRNN", "CudnnRNNV2", "CudnnRNNV3")
+CANONICAL_TO_PARAMS = ("CudnnRNNCanonicalToParams", "CudnnRNNCanonicalToParamsV2")
 NAME = "TensorFlow, its cuDNN ops computed by CPU ops (no GPU here)"
 
 
@@ -42,10 +49,87 @@ def held_in_functions(graph_def) -> bool:
     return any(node.op in OPS for function in graph_def.library.function for node in function.node_def)
 
 
-def reference_graph(graph_def, keras_masks: Optional[dict] = None):
+def canonical_to_params_on_cpu(graph_def) -> int:
+    """Each ``CudnnRNNCanonicalToParams`` (V2) node of ``graph_def`` (in place) computed by CPU ops: a
+    ``ConcatV2`` of its weights' then its biases' values, flattened. Returns how many it replaced."""
+    from tensorflow.core.framework import attr_value_pb2, node_def_pb2, tensor_pb2, tensor_shape_pb2, types_pb2
+
+    added, count = [], 0
+    for node in graph_def.node:
+        if node.op not in CANONICAL_TO_PARAMS:
+            continue
+        count += 1
+        dtype = node.attr["T"].type
+        if node.op == "CudnnRNNCanonicalToParams":
+            sizes = (node.attr["num_params"].i,) * 2
+        else:
+            sizes = (node.attr["num_params_weights"].i, node.attr["num_params_biases"].i)
+        data = [name for name in node.input if not name.startswith("^")]
+        controls = [name for name in node.input if name.startswith("^")]
+        values = data[3:3 + sizes[0] + sizes[1]]  # after num_layers, num_units, input_size
+        shape = node_def_pb2.NodeDef(name=f"{node.name}/flat_shape", op="Const")
+        shape.attr["dtype"].type = types_pb2.DT_INT32
+        shape.attr["value"].tensor.CopyFrom(tensor_pb2.TensorProto(
+            dtype=types_pb2.DT_INT32, tensor_shape=tensor_shape_pb2.TensorShapeProto(dim=[
+                tensor_shape_pb2.TensorShapeProto.Dim(size=1)]), int_val=[-1]))
+        axis = node_def_pb2.NodeDef(name=f"{node.name}/axis", op="Const")
+        axis.attr["dtype"].type = types_pb2.DT_INT32
+        axis.attr["value"].tensor.CopyFrom(tensor_pb2.TensorProto(dtype=types_pb2.DT_INT32, int_val=[0]))
+        added += [shape, axis]
+        flat = []
+        for index, value in enumerate(values):
+            reshape = node_def_pb2.NodeDef(name=f"{node.name}/flat_{index}", op="Reshape", input=[value, shape.name])
+            reshape.attr["T"].type = dtype
+            reshape.attr["Tshape"].type = types_pb2.DT_INT32
+            added.append(reshape)
+            flat.append(reshape.name)
+        name = node.name
+        node.Clear()
+        node.name, node.op = name, "ConcatV2"
+        node.input.extend(flat + [axis.name] + controls)
+        node.attr["N"].i = len(flat)
+        node.attr["T"].type = dtype
+        node.attr["Tidx"].CopyFrom(attr_value_pb2.AttrValue(type=types_pb2.DT_INT32))
+    graph_def.node.extend(added)
+    return count
+
+
+def with_stand_ins(graph_def) -> tuple:
+    """(``graph_def`` with each cuDNN op computed by CPU ops, what :func:`put_back` needs): a TF 1.x session
+    places every node of its graph before it runs any, so a graph holding a cuDNN op cannot even restore its
+    variables on a CPU. Restored and frozen with the stand-ins, the graph gets its own nodes back by
+    :func:`put_back`."""
+    originals = {node.name: _copy(node) for node in graph_def.node if node.op in OPS}
+    if not originals:
+        return graph_def, ({}, set())
+    functions: set = set()
+    return reference_graph(graph_def, added=functions), (originals, functions)
+
+
+def put_back(graph_def, stand_ins: tuple) -> None:
+    """The cuDNN ops' own nodes in place of their stand-ins in a graph frozen from :func:`with_stand_ins`'s
+    (in place), and the stand-ins' functions gone."""
+    originals, functions = stand_ins
+    for node in graph_def.node:
+        if node.name in originals:
+            node.CopyFrom(originals[node.name])
+    kept = [f for f in graph_def.library.function if f.signature.name not in functions]
+    del graph_def.library.function[:]
+    graph_def.library.function.extend(kept)
+
+
+def _copy(node):
+    from tensorflow.core.framework import node_def_pb2
+
+    copy = node_def_pb2.NodeDef()
+    copy.CopyFrom(node)
+    return copy
+
+
+def reference_graph(graph_def, keras_masks: Optional[dict] = None, added: Optional[set] = None):
     """``graph_def`` with each cuDNN op computed by CPU ops (``keras_masks``: op name -> how the converter
     read an op whose lengths are a Keras mask's counts) and Keras's right-padding ``Assert`` ops made
-    no-ops."""
+    no-ops; ``added`` collects the names of the functions that compute them."""
     import tensorflow as tf
     from tensorflow.core.framework import attr_value_pb2, graph_pb2
 
@@ -71,6 +155,8 @@ def reference_graph(graph_def, keras_masks: Optional[dict] = None):
             if function.signature.name not in known:
                 result.library.function.add().CopyFrom(function)
                 known.add(function.signature.name)
+                if added is not None:
+                    added.add(function.signature.name)
         node.Clear()
         node.name, node.op = name, "PartitionedCall"
         node.input.extend([tensor.name for tensor in inputs] + controls)

@@ -196,7 +196,8 @@ def fused_passes(graph, node, name: str) -> tuple:
                             **outputs.initial_states(pseudo),
                             final_states=outputs.final_states(pseudo),
                             **outputs.sequence(layer, direction), **_mask_wiring(graph, op, rows, backward))
-            halves.append(Pass(loop=_loop_name(op, layer, direction), name=name, kind=kind_of(node),
+            halves.append(Pass(loop=_loop_name(op, layer, direction), kind=kind_of(node),
+                               name=f"{name} (layer {layer})" if layout.layers > 1 else name,
                                direction=Direction.BACKWARD if backward else Direction.FORWARD,
                                hidden_size=layout.hidden, input_size=layout.features_of(layer), dtype=op.dtype,
                                attributes=op.mode.attributes, activations=op.mode.activations, wiring=wiring,

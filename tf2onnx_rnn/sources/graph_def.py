@@ -87,12 +87,18 @@ class Checkpoint(GraphDefFile):
         _require_outputs(self.outputs)
 
     def freeze(self, options) -> Frozen:
+        from ..cudnn_reference import canonical_to_params_on_cpu, put_back, with_stand_ins
+
         meta = _read_meta_graph(self.path)
+        canonical_to_params_on_cpu(meta.graph_def)  # a TF 1.x cuDNN layer restores its weights on a GPU only
         inputs, outputs = _tensors(meta.graph_def, options.inputs, self.outputs)
         if self.safe_mode and meta.saver_def.restore_op_name:
             refuse_outside(outside(executed_ops(meta.graph_def, [meta.saver_def.restore_op_name]), allowed=RESTORING),
                            "restoring the checkpoint runs")
-        return self._frozen(_load(lambda session: _restore(session, self.path), inputs, outputs), options)
+        graph_def, stand_ins = with_stand_ins(meta.graph_def)  # no CPU kernel: a session would not even restore
+        meta.graph_def.CopyFrom(graph_def)
+        return self._frozen(_load(lambda session: _restore(session, self.path, meta), inputs, outputs,
+                                  frozen_as=lambda frozen: put_back(frozen, stand_ins)), options)
 
 
 def _names(names) -> tuple:
@@ -181,16 +187,18 @@ def _import(graph_def) -> None:
     tf.import_graph_def(graph_def, name="")
 
 
-def _restore(session, path: str) -> None:
+def _restore(session, path: str, meta) -> None:
+    """Import the meta graph ``meta`` (read from ``path``) and restore its variables from the checkpoint."""
     from tf2onnx import tf_loader
 
-    saver = tf_loader.tf_import_meta_graph(path, clear_devices=True)
+    saver = tf_loader.tf_import_meta_graph(meta, clear_devices=True)
     saver.restore(session, path[:-len(".meta")])
 
 
-def _load(populate, inputs: list, outputs: list) -> tuple:
+def _load(populate, inputs: list, outputs: list, frozen_as=None) -> tuple:
     """tf2onnx's loader steps for a session ``populate`` fills: (the frozen graph, the graph optimized
-    for tf2onnx with functional loops kept, inputs, outputs)."""
+    for tf2onnx with functional loops kept, inputs, outputs). ``frozen_as`` (in place) turns the frozen
+    graph into the one to convert before it is optimized."""
     from tf2onnx import tf_loader
 
     tf_loader.tf_reset_default_graph()
@@ -200,6 +208,8 @@ def _load(populate, inputs: list, outputs: list) -> tuple:
             inputs = tf_loader.inputs_without_resource(session, inputs)
             frozen = tf_loader.freeze_session(session, input_names=inputs, output_names=outputs)
             inputs = tf_loader.remove_redundant_inputs(frozen, inputs)
+        if frozen_as is not None:
+            frozen_as(frozen)
         freeze_defaults(frozen, inputs)
         keep_loops_functional(frozen)
         tf_loader.tf_reset_default_graph()

@@ -5,6 +5,7 @@ rows are named from the graph's scopes: a SavedModel has no Keras layers left.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Optional
 
@@ -84,15 +85,47 @@ def freeze_saved_model(path: str, signature_def: Optional[str], tag: Optional[st
         raise ConversionError(f"unknown signature_def {signature_def!r}; the SavedModel has: "
                               f"{', '.join(sorted(signatures)) or 'none'}")
     try:
-        graph_def, inputs, outputs, tables, renames = tf_loader.from_saved_model(
-            path, None, None, tag, [signature_def] if signature_def else None, concrete_function,
-            options.large_model, return_initialized_tables=True, return_tensors_to_rename=True)
+        with _restored_on_cpu():
+            graph_def, inputs, outputs, tables, renames = tf_loader.from_saved_model(
+                path, None, None, tag, [signature_def] if signature_def else None, concrete_function,
+                options.large_model, return_initialized_tables=True, return_tensors_to_rename=True)
     except Exception as error:  # tf2onnx and TensorFlow raise many kinds here
         raise ConversionError(f"cannot load SavedModel {path}: {first_line(error)}") from error
     override = None
     if options.inputs:
         override = _shape_override(options.inputs, inputs, renames, placeholder_shapes(graph_def))
     return Frozen(graph_def, path, inputs, outputs, renames, tables, shape_override=override)
+
+
+@contextlib.contextmanager
+def _restored_on_cpu():
+    """While a SavedModel loads: a TF 1.x meta graph's ``CudnnRNNCanonicalToParams`` (how a TF 1.x cuDNN
+    layer restores its weights from the canonical ones it saved; GPU-only in TensorFlow) computed by CPU
+    ops (:func:`..cudnn_reference.canonical_to_params_on_cpu`)."""
+    from tensorflow.python.saved_model import loader_impl
+
+    from ..cudnn_reference import canonical_to_params_on_cpu
+
+    original = loader_impl.SavedModelLoader.get_meta_graph_def_from_tags
+
+    def on_cpu(self, tags):
+        meta = original(self, tags)
+        if any(node.op in CANONICAL_TO_PARAMS for node in meta.graph_def.node):
+            from tensorflow.core.protobuf import meta_graph_pb2
+
+            meta = meta_graph_pb2.MetaGraphDef.FromString(meta.SerializeToString())
+            canonical_to_params_on_cpu(meta.graph_def)
+        return meta
+
+    loader_impl.SavedModelLoader.get_meta_graph_def_from_tags = on_cpu
+    try:
+        yield
+    finally:
+        loader_impl.SavedModelLoader.get_meta_graph_def_from_tags = original
+
+
+# the ops that restore a TF 1.x cuDNN layer's opaque weights from canonical ones
+CANONICAL_TO_PARAMS = ("CudnnRNNCanonicalToParams", "CudnnRNNCanonicalToParamsV2")
 
 
 def _shape_override(shapes: dict, inputs: list, renames: dict, model_shapes: dict) -> dict:
