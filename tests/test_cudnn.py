@@ -25,7 +25,6 @@ Every Keras 3 parity model exported on a GPU machine: test_gpu_parity.py.
 from __future__ import annotations
 
 import collections
-import os
 import subprocess
 import sys
 
@@ -517,7 +516,6 @@ def test_openvino_and_tract_run_what_a_gpu_machine_exported(name: str, tmp_path)
     pytest.importorskip("openvino")
     pytest.importorskip("tract")
     from test_downstream import run_openvino, run_tract
-
     from tf2onnx_rnn import convert_saved_model
 
     model, path = _exported(name)

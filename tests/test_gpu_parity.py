@@ -104,7 +104,8 @@ def test_exported_on_a_gpu_machine_converts_as_on_a_cpu(suite: str, case, tmp_pa
     reference = convert_keras(model, check_shapes=False)
     problems = []
     if _recurrent(proto) != _recurrent(reference):
-        problems.append(f"recurrent nodes {dict(_recurrent(proto))}, the CPU conversion's {dict(_recurrent(reference))}")
+        problems.append(f"recurrent nodes {dict(_recurrent(proto))}, the CPU conversion's "
+                        f"{dict(_recurrent(reference))}")
     loops = len(helpers.nodes_of_types(proto, helpers.LOOP_OPS))
     if loops > len(helpers.nodes_of_types(reference, helpers.LOOP_OPS)):
         problems.append(f"{loops} Loop/Scan nodes, more than the CPU conversion's")

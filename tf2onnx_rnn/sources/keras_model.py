@@ -11,10 +11,10 @@ import functools
 from typing import Optional
 
 from ..errors import ConversionError, first_line, param
+from ..keras_kernels import cpu_kernels
 from ..keras_layers import recurrent_layers, stateful_layers
 from . import Frozen, Source, check_input_shape
 from .outside_ops import executed_ops, outside, refuse_outside
-from ..keras_kernels import cpu_kernels
 from .time_distributed import merged_time_axis
 
 
