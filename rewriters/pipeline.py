@@ -321,6 +321,7 @@ class RecurrentRewriter:
     def _read_fused(self, graph, node) -> list:
         """A fused recurrent op's passes. The op has no exact tf2onnx handler: one left unread, or any of its
         passes left unemitted, is the conversion's error (``findings.no_fallback``)."""
+        self.findings.no_fallback.add(node.name)  # first: naming the op may fail too
         loop_id = self._loop_id(node)
         self.findings.no_fallback.add(loop_id.loop)
         try:

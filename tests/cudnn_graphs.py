@@ -234,7 +234,7 @@ def canonical_outputs(case: RawCase, weights: list, feeds: dict) -> list:
         halves = []
         for direction in range(case.directions):
             pseudo = layer * case.directions + direction
-            y, h, c = _run_layer(case, weights[pseudo], layer_input, kept, direction == 1,
+            y, h, c = run_layer(case, weights[pseudo], layer_input, kept, direction == 1,
                                  None if states is None else [s[:, pseudo] for s in states])
             halves.append(y)
             finals["h"].append(h)
@@ -248,7 +248,7 @@ def canonical_outputs(case: RawCase, weights: list, feeds: dict) -> list:
     return outputs
 
 
-def _run_layer(case: RawCase, gates: Gates, x: np.ndarray, kept: np.ndarray, backward: bool, start) -> tuple:
+def run_layer(case: RawCase, gates: Gates, x: np.ndarray, kept: np.ndarray, backward: bool, start) -> tuple:
     """One layer and direction over [B, T, F] as a Keras 3 layer computes it, masked by ``kept`` (the
     layer called with its mask: a functional model drops a Masking layer's mask where an initial state is
     given): its outputs in time order, zeros at masked steps; its final states."""
@@ -401,3 +401,38 @@ def contrib_saved_model(case: RawCase, seed: int, directory: str) -> tuple:
     with open(os.path.join(path, "saved_model.pb"), "wb") as stream:
         stream.write(saved.SerializeToString())
     return path, canonical
+
+
+def computed_lengths_graph(directory: str, seed: int = 0) -> tuple:
+    """A TF 1.x graph over ``x`` [B, T, 3] alone whose ``CudnnRNNV3`` (LSTM, two layers, both directions,
+    batch-major) takes lengths and initial states it computes from ``x``: each row's count of non-zero
+    steps (not a Keras mask's: counted in floats, then cast) and states of each row's mean. Returns (the
+    .pb's path, inputs, outputs, a callable computing the same on the CPU with Keras's canonical layers)."""
+    import tensorflow as tf
+
+    case = RawCase(mode="lstm", layers=2, bidirectional=True, time_major=False, lengths=True, initial_state=True)
+    weights = draw_weights(case, seed)
+    pseudo = case.layers * case.directions
+    with tf.Graph().as_default() as graph:
+        x = tf.compat.v1.placeholder(tf.float32, [None, None, case.features], name="x")
+        steps = tf.sign(tf.reduce_max(tf.abs(x), axis=-1))
+        lengths = tf.cast(tf.reduce_sum(steps, axis=1), tf.int32)
+        start = tf.tile(tf.reduce_mean(x, axis=[1, 2])[:, None, None], [1, pseudo, case.hidden]) * 0.5
+        outputs = tf.raw_ops.CudnnRNNV3(input=x, input_h=start, input_c=-start, params=tf.constant(params_of(weights)),
+                                        sequence_lengths=lengths, rnn_mode="lstm", direction="bidirectional",
+                                        time_major=False, is_training=False)
+        for name, tensor in zip(("y", "h", "c"), outputs[:3]):
+            tf.identity(tensor, name=name)
+        graph_def = graph.as_graph_def()
+    path = os.path.join(directory, "computed_lengths.pb")
+    with open(path, "wb") as stream:
+        stream.write(graph_def.SerializeToString())
+
+    def reference(x, training=False):
+        x = np.asarray(x)
+        start = np.tile(x.mean(axis=(1, 2))[:, None, None], (1, pseudo, case.hidden)).astype(np.float32) * 0.5
+        feeds = {"x": x, "seq_len": (np.abs(x).max(axis=-1) > 0).sum(axis=1).astype(np.int32), "h0": start,
+                 "c0": -start}
+        return canonical_outputs(case, weights, feeds)
+
+    return path, ["x:0"], ["y:0", "h:0", "c:0"], reference

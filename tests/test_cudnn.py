@@ -572,3 +572,37 @@ def test_a_tf1_checkpoint_of_canonical_weights_converts_to_them(case: RawCase, s
         feeds = cudnn_graphs.raw_feeds(case, batch, time, seed)
         expected = cudnn_graphs.canonical_outputs(case, gates, feeds)[:1]
         _close(expected, session.run(None, {session.get_inputs()[0].name: feeds["x"]}), label=f"batch {batch}")
+
+
+def test_a_tf1_backward_op_over_rows_reversed_within_lengths(tmp_path):
+    """TF 1.x's way to a backward layer from a one-direction op: ``reverse_sequence`` of the input by the
+    lengths, the op with those lengths, ``reverse_sequence`` of its output back: ONNX's reverse direction
+    with ``sequence_lens``, equal to Keras's backward layer over the rows' kept steps."""
+    import tensorflow as tf
+
+    from tf2onnx_rnn import convert_graph_def
+
+    case = RawCase(mode="gru", time_major=False, lengths=True)
+    weights = cudnn_graphs.draw_weights(case, 4)
+    with tf.Graph().as_default() as graph:
+        x = tf.compat.v1.placeholder(tf.float32, [None, None, case.features], name="x")
+        lengths = tf.compat.v1.placeholder(tf.int32, [None], name="seq_len")
+        zeros = tf.zeros(tf.stack([tf.shape(x)[0], 1, case.hidden]))
+        reversed_x = tf.reverse_sequence(x, lengths, seq_axis=1, batch_axis=0)
+        y, h = tf.raw_ops.CudnnRNNV3(input=reversed_x, input_h=zeros, input_c=zeros,
+                                     params=tf.constant(cudnn_graphs.params_of(weights)), sequence_lengths=lengths,
+                                     rnn_mode="gru", time_major=False, is_training=False)[:2]
+        tf.identity(tf.reverse_sequence(y, lengths, seq_axis=1, batch_axis=0), name="y")
+        tf.identity(h, name="h")
+    path = str(tmp_path / "backward.pb")
+    with open(path, "wb") as stream:
+        stream.write(graph.as_graph_def().SerializeToString())
+    proto = convert_graph_def(path, ["x:0", "seq_len:0"], ["y:0", "h:0"])
+    _no_loops(proto)
+    assert [helpers.direction_of(n) for n in helpers.nodes_of_types(proto, {"GRU"})] == ["reverse"]
+    feeds = cudnn_graphs.raw_feeds(case, 4, 6, 1)
+    kept = np.arange(6)[None, :] < feeds["seq_len"][:, None]
+    y, h, _ = cudnn_graphs.run_layer(case, weights[0], feeds["x"] * kept[..., None], kept, True, None)
+    session = helpers.ort_session(proto)
+    actual = session.run(None, {i.name: feeds[i.name.split(":")[0]] for i in session.get_inputs()})
+    _close([y, h[:, None]], actual)

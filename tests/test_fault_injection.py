@@ -86,11 +86,13 @@ class Target:
     kind: str
     guard: bool = False  # the function catches every exception somewhere in its body
     constructor: bool = False  # a dataclass's generated __init__: it may be called by guards themselves
+    model: str = ""  # for code only some models run (RUN_ONLY_WITH lists several): the one this test converts
 
     @property
     def id(self) -> str:
         short = self.module.__name__[len(tf2onnx_rnn.rewriters.__name__) + 1:] or "__init__"
-        return ".".join([short] + ([self.owner.__name__] if self.owner else []) + [self.attr])
+        return ".".join([short] + ([self.owner.__name__] if self.owner else []) + [self.attr]) + \
+            (f"[{self.model}]" if self.model else "")
 
 
 def package_modules() -> list:
@@ -253,6 +255,8 @@ def test_injection_replaces_every_reference():
 # -- the model ------------------------------------------------------------------------------
 
 def build_model(flavor: str, which: str = "main"):
+    if which in CUDNN_MODELS:
+        return _cudnn_model(which)
     K = parity.keras_module(flavor)
     x = K.Input((None, FEATURES), name="x")
     masked = K.layers.Masking(0.0, name="masking")(x)
@@ -269,6 +273,59 @@ def build_model(flavor: str, which: str = "main"):
     model = K.Model(x, last, name="fault_injection")
     parity.randomize_weights(model, seed=20240611)
     return model
+
+
+# models whose graphs hold cuDNN's ops, whatever the flavor: Keras 3's masked layers as a GPU machine exports them
+# (Masking -> Bidirectional(LSTM) -> GRU(go_backwards) -> LSTM, a SavedModel); tf_keras's CuDNNLSTM and CuDNNGRU
+# (Bidirectional(CuDNNLSTM) -> CuDNNGRU(go_backwards) returning its state), checked against its canonical twin;
+# a TF 1.x graph whose two-layer bidirectional op takes lengths and initial states computed from x
+# (cudnn_graphs.computed_lengths_graph), checked against Keras's canonical layers
+CUDNN_MODELS = ("gpu_export", "cudnn_layers", "tf1_graph")
+
+
+def _cudnn_model(which: str):
+    """(what the conversion reads: the exported SavedModel's path, or the tf_keras model; the model the outputs
+    are checked against, on the CPU)."""
+    if which == "tf1_graph":
+        import tempfile
+
+        import cudnn_graphs
+
+        path, inputs, outputs, reference = cudnn_graphs.computed_lengths_graph(tempfile.mkdtemp(), seed=5)
+        return (path, inputs, outputs), reference
+    if which == "gpu_export":
+        if not parity.KERAS3:
+            pytest.skip("Keras 3 traces cuDNN ops where TensorFlow lists a GPU; `keras` here is Keras 2")
+        import keras
+
+        import cudnn_graphs
+
+        x = keras.Input((None, FEATURES), name="x")
+        masked = keras.layers.Masking(0.0)(x)
+        both = keras.layers.Bidirectional(keras.layers.LSTM(UNITS, return_sequences=True))(masked)
+        backward = keras.layers.GRU(UNITS, go_backwards=True, return_sequences=True)(both)
+        model = keras.Model(x, keras.layers.LSTM(UNITS)(backward))
+        parity.randomize_weights(model, seed=20261127)
+        return cudnn_graphs.export_on_gpu_machine(model, "fault_injection"), model
+    import tf_keras as K
+
+    from test_cudnn import _canonical_twin, _tf_keras_cudnn
+
+    def build(cudnn: bool):
+        def layer(kind, **kwargs):
+            if cudnn:
+                return _tf_keras_cudnn()[kind](UNITS, **kwargs)
+            return getattr(K.layers, kind)(UNITS, recurrent_activation="sigmoid",
+                                           **(dict(reset_after=True) if kind == "GRU" else {}), **kwargs)
+
+        x = K.Input((None, FEATURES), name="x")
+        both = K.layers.Bidirectional(layer("LSTM", return_sequences=True))(x)
+        return K.Model(x, list(layer("GRU", go_backwards=True, return_state=True)(both)))
+
+    model, twin = build(True), build(False)
+    parity.randomize_weights(model, seed=20261128)
+    _canonical_twin(model, twin)
+    return model, twin
 
 
 def batch() -> np.ndarray:
@@ -310,10 +367,23 @@ _MODELS: dict = {}
 
 
 def model_and_expected(flavor: str, which: str = "main"):
+    """(what the conversion reads, Keras's outputs per batch): a Keras model, or for a model of
+    CUDNN_MODELS the SavedModel's path or the model holding cuDNN layers, checked against their CPU twins."""
     if (flavor, which) not in _MODELS:
-        model = build_model(flavor, which)
-        _MODELS[flavor, which] = (model, [parity.keras_outputs(model, [x]) for _, x in batches()])
+        model = reference = build_model(flavor, which)
+        if which in CUDNN_MODELS:
+            model, reference = model
+        _MODELS[flavor, which] = (model, [parity.keras_outputs(reference, [x]) for _, x in batches()])
     return _MODELS[flavor, which]
+
+
+def convert(which: str, model, **options):
+    """The conversion a test of model ``which`` makes (the output shape check off: see converted_problems)."""
+    if which == "gpu_export":
+        return tf2onnx_rnn.convert_saved_model(model, check_shapes=False, **options)
+    if which == "tf1_graph":
+        return tf2onnx_rnn.convert_graph_def(*model, check_shapes=False, rename_inputs=["x"], **options)
+    return tf2onnx_rnn.convert_keras(model, check_shapes=False, **options)
 
 
 _BASELINE: dict = {}
@@ -336,6 +406,12 @@ RUN_ONLY_WITH = {
     ("emit.gathered_reversal", ""): {"target": "portable"},
     ("emit.states", "ExplicitZeroStates"): {"target": "portable"},
     ("emit.states", "_zero_states"): {"target": "portable"},
+    # cuDNN's ops: each target is tested with each model that holds them
+    ("readers.cudnn", ""): {"models": CUDNN_MODELS},
+    ("readers.cudnn_op", ""): {"models": CUDNN_MODELS},
+    ("readers.cudnn_rows", ""): {"models": CUDNN_MODELS},
+    ("readers.cudnn_outputs", ""): {"models": CUDNN_MODELS},
+    ("readers.cudnn_params", ""): {"models": CUDNN_MODELS},
 }
 
 
@@ -353,7 +429,9 @@ def options_for(target: Optional[Target]) -> dict:
 def conversion_options(target: Optional[Target]) -> tuple:
     """(the model of MODELS the target's test converts, convert_keras's options)."""
     options = dict(options_for(target))
-    return options.pop("model", "main"), options
+    options.pop("models", None)
+    which = options.pop("model", "main")
+    return (target.model or which) if target is not None else which, options
 
 
 def baseline(flavor: str, target: Optional[Target] = None):
@@ -380,7 +458,7 @@ def _unfaulted(flavor: str, target: Optional[Target]) -> tuple:
         previous = sys.getprofile()
         sys.setprofile(record)
         try:
-            model_proto = tf2onnx_rnn.convert_keras(model, check_shapes=False, **options)
+            model_proto = convert(which, model, **options)
         finally:
             sys.setprofile(previous)
         _BASELINE[key] = (tf2onnx_rnn.report_of(model_proto), codes)
@@ -484,9 +562,13 @@ def converted_problems(flavor: str, target: Target, caplog) -> list:
         try:
             # the output shape check is off: the batch's rows (5) differ from its steps (7), so a wrong
             # axis fails the comparison with Keras below
-            model_proto = tf2onnx_rnn.convert_keras(model, check_shapes=False, **options)
+            model_proto = convert(which, model, **options)
+        except tf2onnx_rnn.ConversionError as error:
+            if which in CUDNN_MODELS and INTERNAL in str(error) and "\n" not in str(error):
+                return []  # a fused op no fallback computes: refused in one line naming the fault, nothing written
+            return [f"the conversion raised {type(error).__name__}: {error}"]
         except Exception as error:  # noqa: BLE001 - any exception is the failure being tested for
-            return [f"convert_keras raised {type(error).__name__}: {error}"]
+            return [f"the conversion raised {type(error).__name__}: {error}"]
     records = [r for r in caplog.records if r.levelno >= logging.WARNING]
     problems = escapes(target, records) + problems_of(flavor, model_proto, [r.getMessage() for r in records],
                                                       target)
@@ -501,6 +583,16 @@ def test_unfaulted_conversion_fuses_every_loop():
     assert [o.layer for o in report.outcomes] == ["bidi", "bidi", "gru", "rnn"], report.table()
 
 
+@pytest.mark.parametrize("which", CUDNN_MODELS)
+def test_unfaulted_cudnn_models_fuse_every_op(which: str):
+    """The references of the cuDNN readers' faults: every op a native node, exact."""
+    target = dataclasses.replace(next(t for t in TARGETS if t.module.__name__.endswith(".readers.cudnn")), model=which)
+    model, expected = model_and_expected(parity.FLAVORS[0], which)
+    report = baseline(parity.FLAVORS[0], target)
+    assert report.outcomes and all(o.fused for o in report.outcomes), report.table()
+    assert not problems_of(parity.FLAVORS[0], convert(which, model), [], target)
+
+
 def test_unfaulted_scan_model_is_all_scans():
     """The Scan form's reference: each loop a Scan of its own step, the normalisation one node."""
     scan_target = next(t for t in TARGETS if t.module.__name__.endswith(".scan.normalisation"))
@@ -513,6 +605,12 @@ def test_unfaulted_scan_model_is_all_scans():
 
 def _cases():
     for index, target in enumerate(TARGETS):
+        models = options_for(target).get("models")
+        if models:  # the models hold cuDNN ops whatever the flavor: once each
+            for which in models:
+                model_target = dataclasses.replace(target, model=which)
+                yield pytest.param(parity.FLAVORS[0], model_target, id=f"{parity.FLAVORS[0]}-{model_target.id}")
+            continue
         yield pytest.param(parity.FLAVORS[0], target, id=f"{parity.FLAVORS[0]}-{target.id}")
         if index % TF_KERAS_SAMPLE == 0:
             yield pytest.param("tf_keras", target, id=f"tf_keras-{target.id}")

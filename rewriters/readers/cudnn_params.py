@@ -22,7 +22,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..description import Activation, NoMatch, require
+from ..description import Activation, require
 
 
 @dataclass(frozen=True)
@@ -171,20 +171,3 @@ def decode(params: np.ndarray, layout: Layout, where: str = "") -> list:
         weights.append(Weights(W=gates_of("W"), R=gates_of("R"),
                                B=np.concatenate([gates_of("Wb"), gates_of("Rb")])))
     return weights
-
-
-def encode(weights: list, layout: Layout) -> np.ndarray:
-    """The flat buffer of per-pseudo-layer :class:`Weights` (ONNX order): :func:`decode`'s inverse, for
-    the tests and for restoring canonical weights into an opaque buffer."""
-    mode, hidden = layout.mode, layout.hidden
-    rows = {gate: slice(index * hidden, (index + 1) * hidden) for index, gate in enumerate(mode.onnx_gates)}
-    parts = []
-    for piece in pieces(layout):
-        w = weights[piece.pseudo_layer]
-        block = rows[mode.gates[piece.gate]]
-        value = {"W": lambda: w.W[block], "R": lambda: w.R[block], "Wb": lambda: w.B[:len(w.B) // 2][block],
-                 "Rb": lambda: w.B[len(w.B) // 2:][block]}[piece.what]()
-        parts.append(np.asarray(value).reshape(-1))
-    if not parts:
-        raise NoMatch("an empty layout")
-    return np.concatenate(parts)
