@@ -19,6 +19,15 @@ For Keras 3 (``keras``) and tf_keras, hypothesis draws a model (see :func:`examp
 - the conversion's target: the default form mostly, else ``portable`` (no computed ``sequence_lens``; a
   masked Bidirectional layer as two forward nodes, no ``reverse`` node) or ``onnxruntime`` (SimpleRNN as
   an input MatMul and one ``Scan`` per direction, each row naming its own);
+- for about one Keras 3 example in four, a GPU machine (TensorFlow lists a GPU: ``cudnn_graphs.gpu_machine``),
+  its LSTM and GRU layers mostly of Keras's default configuration (which cuDNN takes):
+  ``convert_keras`` there must give what it gives on a CPU (the property below); and the model exported there
+  (``model.export``: its LSTM and GRU layers cuDNN takes are ``CudnnRNNV3`` ops) converts with
+  ``convert_saved_model`` to the same recurrent nodes, no ``Loop``/``Scan`` the first conversion lacks, and
+  equals Keras on the CPU on the same rounds (a float64 model excepted: onnxruntime runs no float64
+  recurrent node, and no loop is left to compute it otherwise; and a first layer given initial states whose
+  last output is the model's, with a mask: Keras's GPU path returns its final state there, which for a row
+  with no kept step is the initial state, where its CPU path gives zeros);
 - with a fixed time of 2 or more, each layer may be ``unroll=True``: a chain of steps that must
   become the same native node (or, kept, stay as its ops with a reason, never a Loop);
 - input features 1-6; no mask, a ``Masking`` layer (padded steps are all-zero vectors), or an
@@ -67,6 +76,7 @@ can be replayed outside hypothesis::
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -82,6 +92,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import UnsatisfiedAssumption
 
 import cells
+import cudnn_graphs
 import helpers
 import parity
 from helpers import KINDS, SCOPE_NAME, STATE_COUNT
@@ -105,6 +116,10 @@ DTYPES = ("float32",) * 4 + ("mixed_float16", "float64")  # mostly float32
 TARGETS = (None,) * 4 + ("portable", "onnxruntime")
 STANDARD_CELLS = frozenset(cell.name for cell in cells.STANDARD)
 ROW_KINDS = ("full", "post", "pre", "holed", "empty")
+# what Keras 3 takes cuDNN's kernel for (its defaults): a GPU machine's examples mostly draw these
+CUDNN_DEFAULTS = {"LSTM": dict(activation="tanh", recurrent_activation="sigmoid", use_bias=True, unroll=False),
+                  "GRU": dict(activation="tanh", recurrent_activation="sigmoid", use_bias=True, reset_after=True,
+                              unroll=False)}
 
 
 # -- the drawn data (plain, repr-able: a printed falsifying example replays as is) -----------------
@@ -154,6 +169,7 @@ class ModelSpec:
     fixed_time: Optional[int] = None  # the input signature's time; None: dynamic
     dtype: str = "float32"  # float32, mixed_float16 (the global policy) or float64 (the layers' dtype)
     target: Optional[str] = None  # convert_keras's target: None (the default form), portable or onnxruntime
+    gpu_machine: bool = False  # Keras 3: converted where TensorFlow lists a GPU, and exported there (cuDNN ops)
 
     @property
     def expressible(self) -> bool:
@@ -271,6 +287,11 @@ def model_specs(draw, flavor: str) -> ModelSpec:
     fixed_time = draw(st.one_of(st.none(), st.integers(1, 7)))
     if fixed_time is not None and fixed_time >= 2:  # unroll=True needs a known number of steps
         layers = tuple(dataclasses.replace(ls, unroll=draw(st.booleans())) for ls in layers)
+    gpu_machine = flavor == "keras3" and draw(st.integers(0, 3)) == 3
+    if gpu_machine:  # mostly LSTM and GRU layers cuDNN takes (Keras's defaults), which become cuDNN ops there
+        layers = tuple(dataclasses.replace(ls, **CUDNN_DEFAULTS[ls.kind])
+                       if ls.kind in CUDNN_DEFAULTS and ls.cell is None and draw(st.integers(0, 3)) != 0 else ls
+                       for ls in layers)
     return ModelSpec(
         features=draw(st.integers(1, 6)), layers=layers, mask=mask, initial_state=initial_state,
         # Keras 3 only (its implicit mask is dropped when initial_state is given); in tf_keras the
@@ -280,7 +301,7 @@ def model_specs(draw, flavor: str) -> ModelSpec:
         return_state=draw(st.booleans()),
         weight_seed=draw(st.integers(0, 2**32 - 1)),
         fixed_batch=draw(st.one_of(st.none(), st.integers(1, 4))),
-        fixed_time=fixed_time, dtype=dtype, target=draw(st.sampled_from(TARGETS)))
+        fixed_time=fixed_time, dtype=dtype, target=draw(st.sampled_from(TARGETS)), gpu_machine=gpu_machine)
 
 
 @st.composite
@@ -558,7 +579,8 @@ def check_example(flavor: str, example: Example) -> dict:
             log.write(json.dumps(dict(flavor=flavor, started=True, example=asdict(example))) + "\n")
     try:
         model = build_model(flavor, spec)
-        proto = convert_keras(model, input_signature=spec.input_signature(), target=spec.target)
+        with cudnn_graphs.gpu_machine() if spec.gpu_machine else contextlib.nullcontext():
+            proto = convert_keras(model, input_signature=spec.input_signature(), target=spec.target)
         problems = []
         try:
             onnx.checker.check_model(proto, full_check=True)
@@ -570,6 +592,8 @@ def check_example(flavor: str, example: Example) -> dict:
         numeric, worst = parity_problems(spec, model, proto, example.rounds)
         record["max_abs_error"] = worst
         problems += numeric
+        if spec.gpu_machine:
+            problems += exported_on_a_gpu_machine(spec, model, proto, example.rounds, record)
         if problems:
             raise AssertionError(f"{flavor} {example}:\n- " + "\n- ".join(problems) + "\n"
                                  + parity.report_table(proto))
@@ -586,6 +610,37 @@ def check_example(flavor: str, example: Example) -> dict:
             with open(LOG, "a", encoding="utf-8") as log:
                 log.write(json.dumps(dict(record, example=asdict(example))) + "\n")
     return record
+
+
+def exported_on_a_gpu_machine(spec: ModelSpec, model, proto: onnx.ModelProto, rounds, record: dict) -> list:
+    """Problems of the model exported on a GPU machine and converted from its SavedModel, against the
+    conversion of the live model (``proto``) and Keras on the CPU (see the module's docstring)."""
+    from tf2onnx_rnn import convert_saved_model
+
+    first = spec.layers[0]
+    if spec.dtype == "float64" or (spec.initial_state and len(spec.layers) == 1 and not first.return_sequences
+                                   and spec.mask != "none"):
+        return []
+    import tensorflow as tf
+
+    path = cudnn_graphs.export_on_gpu_machine(model, f"fuzz-{spec.weight_seed}-{time.perf_counter_ns()}")
+    if not cudnn_graphs.cudnn_ops(tf.saved_model.load(path).signatures["serve"].graph.as_graph_def()):
+        return []
+    record["cudnn_ops"] = True
+    exported = convert_saved_model(path, target=spec.target)
+    problems = []
+
+    def recurrent(graph) -> list:
+        nodes = helpers.nodes_of_types(graph, helpers.RECURRENT_OPS)
+        return sorted((n.op_type, helpers.direction_of(n)) for n in nodes)
+
+    if recurrent(exported) != recurrent(proto):
+        problems.append(f"exported on a GPU machine: recurrent nodes {recurrent(exported)}, the live model's "
+                        f"{recurrent(proto)}")
+    if len(helpers.nodes_of_types(exported, helpers.LOOP_OPS)) > len(helpers.nodes_of_types(proto, helpers.LOOP_OPS)):
+        problems.append("exported on a GPU machine: more Loop/Scan nodes than the live model's conversion")
+    numeric, _ = parity_problems(spec, model, exported, rounds)
+    return problems + [f"exported on a GPU machine: {problem}" for problem in numeric]
 
 
 # -- settings and the tests ---------------------------------------------------------------------
