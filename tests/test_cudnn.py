@@ -357,6 +357,11 @@ def _odd_graph(tmp_path, what: str) -> tuple:
             kwargs.update(dropout=0.5, is_training=True)
         elif what == "skip":
             kwargs.update(input_mode="skip_input")
+        if what == "float64":
+            x = tf.compat.v1.placeholder(tf.float64, [None, None, features], name="x64")
+            inputs = ["x64:0"]
+            h0 = tf.zeros(tf.stack([1, tf.shape(x)[1], hidden]), tf.float64)
+            params = tf.constant(cudnn_graphs.params_of(weights).astype(np.float64))
         if what == "projection":
             proj = 2
             h0 = tf.zeros(tf.stack([1, batch, proj]))
@@ -374,7 +379,8 @@ def _odd_graph(tmp_path, what: str) -> tuple:
 
 
 REFUSED = {"projection": "projects its output", "skip": "skip_input", "dropout": "drops out",
-           "params": "params are not constant", "layers": "number of layers is not known"}
+           "params": "params are not constant", "layers": "number of layers is not known",
+           "float64": "computes in float64"}
 
 
 @pytest.mark.parametrize("what", sorted(REFUSED))
@@ -386,7 +392,7 @@ def test_what_onnx_cannot_compute_exactly_is_refused_in_one_line(what: str, tmp_
     with pytest.raises(ConversionError) as refused:
         convert_graph_def(path, inputs, outputs, output_path=str(output))
     message = str(refused.value)
-    assert "\n" not in message and "CudnnRNN" in message and REFUSED[what] in message, message
+    assert "\n" not in message and " (lstm) " in message and "CudnnRNN" in message and REFUSED[what] in message, message
     assert not output.exists()
 
 
