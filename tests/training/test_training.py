@@ -2,7 +2,8 @@
 
 Runs only where onnxruntime's training build is installed (CI's training environment,
 ``.ci/training-requirements.txt``); skipped elsewhere. Each model (LSTM, GRU in both modes,
-SimpleRNN, Bidirectional, masked, in Keras 3 and tf_keras, weights and biases randomized) is
+SimpleRNN, Bidirectional, masked, in Keras 3 and tf_keras, weights and biases randomized; the Keras 3
+LSTM and GRU models also as exported on a GPU machine, their layers cuDNN ops) is
 converted with ``target="training"``, its artifacts written by
 :func:`tf2onnx_rnn.write_training_artifacts` (MSE loss, SGD), and:
 
@@ -69,12 +70,23 @@ def batch(name: str, seed: int) -> tuple:
 
 
 class Trainer:
-    """A converted model in onnxruntime's training API."""
+    """A converted model in onnxruntime's training API (``exported``: converted from the model exported on a
+    GPU machine, whose LSTM and GRU layers are cuDNN ops, rather than from the live model)."""
 
-    def __init__(self, model, directory: str):
+    def __init__(self, model, directory: str, exported: bool = False):
         from onnxruntime.training.api import CheckpointState, Module, Optimizer
 
-        self.proto = tf2onnx_rnn.convert_keras(model, target="training")
+        if exported:
+            import cudnn_graphs
+
+            import tensorflow as tf
+
+            path = cudnn_graphs.export_on_gpu_machine(model, os.path.basename(directory))
+            assert cudnn_graphs.cudnn_ops(tf.saved_model.load(path).signatures["serve"].graph.as_graph_def())
+            self.proto = tf2onnx_rnn.convert_saved_model(path, target="training")
+            assert not [n for n in self.proto.graph.node if n.op_type in ("Loop", "Scan")]
+        else:
+            self.proto = tf2onnx_rnn.convert_keras(model, target="training")
         tf2onnx_rnn.write_training_artifacts(self.proto, directory, loss="mse", optimizer="sgd")
         self.state = CheckpointState.load_checkpoint(os.path.join(directory, "checkpoint"))
         self.module = Module(os.path.join(directory, "training_model.onnx"), self.state,
@@ -138,11 +150,17 @@ def tensorflow_gradients(model, x, y) -> list:
     return [np.asarray(g) for g in tape.gradient(loss, model.weights)]
 
 
-@pytest.mark.parametrize("flavor, name", [pytest.param(f, n, id=f"{f}-{n}") for f in parity.FLAVORS
-                                          for n in MODELS])
-def test_gradients_equal_tensorflow(flavor, name, tmp_path):
+# the models whose layers Keras 3 takes cuDNN's kernel for where TensorFlow lists a GPU
+CUDNN_MODELS = ("lstm", "gru", "bidirectional_lstm", "masked_gru")
+PARAMS = [pytest.param(f, n, False, id=f"{f}-{n}") for f in parity.FLAVORS for n in MODELS] + [
+    pytest.param("keras3", n, True, id=f"keras3-{n}-exported_on_a_gpu_machine", marks=parity.only_keras3)
+    for n in CUDNN_MODELS]
+
+
+@pytest.mark.parametrize("flavor, name, exported", PARAMS)
+def test_gradients_equal_tensorflow(flavor, name, exported, tmp_path):
     model = build(flavor, name)
-    trainer = Trainer(model, str(tmp_path))
+    trainer = Trainer(model, str(tmp_path), exported)
     trainable = [n for n, p in trainer.state.parameters if p.requires_grad]
     assert not set(held_parameters(trainer.proto)) & set(trainable)
     x, y = batch(name, 1)
@@ -153,11 +171,10 @@ def test_gradients_equal_tensorflow(flavor, name, tmp_path):
         assert float(np.max(np.abs(got - want))) <= 1e-5 * scale, (weight.name, want, got)
 
 
-@pytest.mark.parametrize("flavor, name", [pytest.param(f, n, id=f"{f}-{n}") for f in parity.FLAVORS
-                                          for n in MODELS])
-def test_sgd_steps_equal_tensorflow(flavor, name, tmp_path):
+@pytest.mark.parametrize("flavor, name, exported", PARAMS)
+def test_sgd_steps_equal_tensorflow(flavor, name, exported, tmp_path):
     model = build(flavor, name)
-    trainer = Trainer(model, str(tmp_path))
+    trainer = Trainer(model, str(tmp_path), exported)
     batches = [batch(name, seed) for seed in range(2, 2 + STEPS)]
     for x, y in batches:
         trainer.step(x, y)
