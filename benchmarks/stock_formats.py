@@ -1,12 +1,13 @@
-"""What stock tf2onnx and tf2onnx-rnn make of TFLite files and frozen graphs: the measurement behind
-the format table of docs/tflite-and-graphs.md.
+"""What stock tf2onnx and tf2onnx-rnn make of TFLite files, frozen graphs and models from GPU machines: the
+measurement behind the format table of docs/tflite-and-graphs.md and the GPU row of docs/conversions.md.
 
 Every TFLite model of ``tests/test_tflite.py`` (both Keras flavors, batch 1 and 5, fixed and
 dynamic time) and the frozen Keras graphs of ``tests/test_graph_def.py`` are converted by stock
 tf2onnx (``tf2onnx.convert.from_tflite``; for graphs its command line) and by this package, and so
 are TF 1.x graphs (``tests/tf1_graphs.py``: dynamic_rnn, bidirectional_dynamic_rnn, static_rnn and the
 fused BlockLSTM ops over TF1's cells, with and without sequence_length, in TF 1.x's own control flow and
-with functional loops). For each, the result: the
+with functional loops), and models as they leave a GPU machine (cuDNN's ops: ``tests/cudnn_graphs.py``).
+For each, the result: the
 recurrent ops in the written graph (``LSTM``, ``Loop`` ...), or the error, and whether
 onnxruntime loads and matches the TFLite interpreter (or TensorFlow) on random inputs.
 
@@ -165,25 +166,90 @@ def tf1_rows() -> list:
     return rows
 
 
+def stock_saved_model(path: str):
+    """Stock tf2onnx's command line on a SavedModel, in a process of its own; the model it wrote, even
+    when it logged unsupported ops (it still exits 0 then)."""
+    import subprocess
+    import tempfile
+
+    import onnx
+
+    with tempfile.TemporaryDirectory() as folder:
+        target = os.path.join(folder, "stock.onnx")
+        done = subprocess.run([sys.executable, "-m", "tf2onnx.convert", "--saved-model", path, "--output", target],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            errors = [line for line in done.stderr.splitlines() if "Error" in line] or done.stderr.splitlines()[-1:]
+            raise RuntimeError(errors[-1].strip() if errors else f"exit code {done.returncode}")
+        return onnx.load(target)
+
+
+def gpu_rows() -> list:
+    """Models as they leave a GPU machine (``tests/cudnn_graphs.py``): Keras 3 models exported where
+    TensorFlow lists a GPU (their LSTM and GRU layers ``CudnnRNNV3`` ops), tf_keras's ``CuDNNLSTM`` and
+    ``CuDNNGRU``, and TF 1.x graphs of ``CudnnRNN`` in each mode; against the CPU computation (Keras on the
+    CPU, the canonical twin, or Keras's canonical layers with the same weights)."""
+    import keras
+    import tf_keras
+    from tf2onnx import convert as stock_convert
+
+    import cudnn_graphs
+    import parity
+    import test_cudnn
+    from tf2onnx_rnn import convert_graph_def, convert_keras, convert_saved_model
+
+    rows = []
+    x = np.random.default_rng(0).standard_normal((3, 6, 3)).astype(np.float32)
+    for name, build in (("LSTM -> GRU", lambda i: keras.layers.GRU(4)(keras.layers.LSTM(4, return_sequences=True)(i))),
+                        ("Masking -> Bidirectional(LSTM)", lambda i: keras.layers.Bidirectional(
+                            keras.layers.LSTM(4))(keras.layers.Masking()(i)))):
+        inputs = keras.Input((None, 3), name="x")
+        model = keras.Model(inputs, build(inputs))
+        parity.randomize_weights(model, 1)
+        path = cudnn_graphs.export_on_gpu_machine(model, name.replace(" ", "").replace(">", ""))
+        rows.append(measure(f"Keras 3 {name}, exported on a GPU machine", lambda: stock_saved_model(path),
+                            lambda: convert_saved_model(path), lambda x, m=model: [np.asarray(m(x))], x))
+        print(" | ".join(rows[-1]), flush=True)
+    for kind, structure in (("LSTM", "plain"), ("GRU", "bidi-concat")):
+        model, twin, _ = test_cudnn._cudnn_layer_case(kind, structure)
+        signature = [__import__("tensorflow").TensorSpec([None, None, 3], "float32", name="x")]
+        rows.append(measure(f"tf_keras CuDNN{kind}, {structure}",
+                            lambda m=model: stock_convert.from_keras(m, input_signature=signature, opset=17)[0],
+                            lambda m=model: convert_keras(m), lambda x, t=twin: parity.keras_outputs(t, [x]), x))
+        print(" | ".join(rows[-1]), flush=True)
+    for mode, layers in (("lstm", 1), ("gru", 1), ("gru", 2), ("rnn_tanh", 1)):
+        case = cudnn_graphs.RawCase(op="CudnnRNN", mode=mode, layers=layers)
+        path, inputs, outputs, weights = cudnn_graphs.raw_graph(case, seed=3)
+        feeds = cudnn_graphs.raw_feeds(case, 3, 5, 1)
+        rows.append(measure(f"TF 1.x {case.id}", lambda: stock_graph_def(path, inputs, outputs),
+                            lambda: convert_graph_def(path, inputs=inputs, outputs=outputs),
+                            lambda feed, c=case, w=weights: cudnn_graphs.canonical_outputs(c, w, feed), feeds))
+        print(" | ".join(rows[-1]), flush=True)
+    del tf_keras
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.path.join(HERE, "results", "formats.md"))
-    parser.add_argument("--only", choices=("tflite", "graphs", "tf1"), help="measure one section only")
+    parser.add_argument("--only", choices=("tflite", "graphs", "tf1", "gpu"), help="measure one section only")
     args = parser.parse_args()
     import tensorflow as tf
     import tf2onnx
 
     chosen = {"tflite": ("TFLite files", tflite_rows), "graphs": ("Frozen graphs", graph_def_rows),
-              "tf1": ("TF 1.x graphs", tf1_rows)}
+              "tf1": ("TF 1.x graphs", tf1_rows), "gpu": ("Models from GPU machines (cuDNN ops)", gpu_rows)}
     try:
         sections = [(title, rows()) for key, (title, rows) in chosen.items() if args.only in (None, key)]
     except Exception:  # noqa: BLE001
         traceback.print_exc()
         return 1
-    lines = [f"# Stock tf2onnx {tf2onnx.__version__} and tf2onnx-rnn on TFLite files and frozen graphs",
-             "", f"TensorFlow {tf.__version__}; written by `benchmarks/stock_formats.py`. Errors are against the "
-             "TFLite interpreter (TFLite files), Keras (frozen Keras graphs) or the TensorFlow session "
-             "(TF 1.x graphs) on one random batch.", ""]
+    lines = [f"# Stock tf2onnx {tf2onnx.__version__} and tf2onnx-rnn on TFLite files, frozen graphs and models "
+             "from GPU machines", "", f"TensorFlow {tf.__version__}; written by `benchmarks/stock_formats.py`. "
+             "Errors are against the TFLite interpreter (TFLite files), Keras (frozen Keras graphs), the "
+             "TensorFlow session (TF 1.x graphs) or the CPU computation (models from GPU machines: Keras on the "
+             "CPU, tf_keras's canonical twin of a CuDNN layer, Keras's canonical layers with a TF 1.x op's "
+             "weights) on one random batch.", ""]
     for title, rows in sections:
         lines += [f"## {title}", "", "| model | stock tf2onnx | tf2onnx-rnn |", "|---|---|---|"]
         lines += ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in rows] + [""]
