@@ -8,14 +8,16 @@ and stacks) is built as its suite builds it, its weights randomized by the suite
 converted with ``convert_saved_model`` (checked against the CPU computation its cuDNN ops stand for, as
 every conversion is). Then:
 
-- its recurrent nodes (op type and direction) are those of ``convert_keras`` of the same model, and it has
-  no ``Loop`` or ``Scan`` the CPU conversion does not;
-- onnxruntime equals ``model(x, training=False)`` on the CPU on the suite's own rounds of inputs (for
-  masked models: rows full, post-padded, pre-padded, holed and empty, which a GPU runs only right-padded);
+- its recurrent nodes (op type and direction) are those of ``convert_keras`` of the same model on the GPU
+  machine (which traces the layers' own loops, as on a CPU), and it has no ``Loop`` or ``Scan`` that
+  conversion does not;
+- onnxruntime equals ``model(x, training=False)`` on the CPU, for both conversions, on the suite's own
+  rounds of inputs (for masked models: rows full, post-padded, pre-padded, holed and empty, which a GPU
+  runs only right-padded);
 - a model with no layer cuDNN takes exports the CPU's graph: it is not converted twice.
 
-``convert_keras`` and Keras files on a GPU machine trace the layers' own loops: test_cudnn.py checks that
-in both flavors.
+Keras files on a GPU machine are loaded and traced as live models are: test_cudnn.py checks them in both
+flavors.
 """
 from __future__ import annotations
 
@@ -101,7 +103,8 @@ def test_exported_on_a_gpu_machine_converts_as_on_a_cpu(suite: str, case, tmp_pa
     if not cudnn_graphs.cudnn_ops(graph):
         pytest.skip("no layer of this model is one cuDNN takes: the GPU machine exports the CPU's graph")
     proto = convert_saved_model(path)
-    reference = convert_keras(model, check_shapes=False)
+    with cudnn_graphs.gpu_machine():  # converting the live model there traces the layers' own loops
+        reference = convert_keras(model, check_shapes=False)
     problems = []
     if _recurrent(proto) != _recurrent(reference):
         problems.append(f"recurrent nodes {dict(_recurrent(proto))}, the CPU conversion's "
@@ -110,11 +113,13 @@ def test_exported_on_a_gpu_machine_converts_as_on_a_cpu(suite: str, case, tmp_pa
     if loops > len(helpers.nodes_of_types(reference, helpers.LOOP_OPS)):
         problems.append(f"{loops} Loop/Scan nodes, more than the CPU conversion's")
     names = _input_names(suite, case, model)
-    session = helpers.ort_session(proto)
+    sessions = {"exported": helpers.ort_session(proto), "converted": helpers.ort_session(reference)}
     relative = 1e-5 if getattr(case, "relative", False) else 0.0
     for label, arrays, mask in _rounds(suite, case):
-        expected = _as_the_graph_reads(case, arrays, mask, parity.keras_outputs(model, arrays))
-        actual = parity.run_onnx(session, names, arrays)
-        problems += parity.output_problems(label, [o.name for o in proto.graph.output], expected, actual,
-                                           parity.TOLERANCE, relative)[0]
+        expected = parity.keras_outputs(model, arrays)
+        for which, session in sessions.items():
+            want = _as_the_graph_reads(case, arrays, mask, expected) if which == "exported" else expected
+            actual = parity.run_onnx(session, names, arrays)
+            problems += parity.output_problems(f"{which}, {label}", [o.name for o in proto.graph.output], want,
+                                               actual, parity.TOLERANCE, relative)[0]
     assert not problems, "\n".join(problems) + "\n" + parity.report_table(proto)
