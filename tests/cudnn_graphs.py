@@ -264,7 +264,10 @@ def run_layer(case: RawCase, gates: Gates, x: np.ndarray, kept: np.ndarray, back
     layer = getattr(keras.layers, kind)(**kwargs)
     layer.build((None, None, features))
     layer.set_weights(keras_weights(case.mode, gates, case.hidden))
-    out = layer(x, mask=kept, initial_state=None if start is None else list(start))
+    import tensorflow as tf  # tensors: Keras 2 takes no numpy initial states
+
+    out = layer(tf.constant(x), mask=tf.constant(kept),
+                initial_state=None if start is None else [tf.constant(s) for s in start])
     y, states = np.asarray(out[0]), [np.asarray(s) for s in out[1:]]
     if backward:
         y = y[:, ::-1]
