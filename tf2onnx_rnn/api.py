@@ -21,6 +21,7 @@ import onnx
 from .cudnn_reference import checked_source
 from .dim_names import name_dimensions
 from .errors import ConversionError, VerificationError, first_line, param, raised_by_library
+from .isolation import check_survives
 from .options import Options, check_tolerance
 from .output import LARGE_MODEL_KEY, check_output_path, save_model
 from .probes import check_loadable, fits_in_protobuf, stamp_ir_version
@@ -253,10 +254,23 @@ def convert(frozen: Frozen, options: Options) -> Conversion:
     stamp_ir_version(model_proto)
     report.attach(model_proto)
     logger.info("tf2onnx_rnn report:\n%s", report.table())
+    if fits_in_protobuf(model_proto):  # a larger one is checked from its written files (output.save_model)
+        check_survives(model_proto, _checked_feeds(model_proto), report.outcomes)
     check_loadable(model_proto, options.continue_on_error)
     if options.large_model:
         model_proto.metadata_props.add(key=LARGE_MODEL_KEY, value="1")
     return Conversion(model_proto, report, keras_masks=dict(getattr(findings, "keras_masks", {}) or {}))
+
+
+def _checked_feeds(model_proto: onnx.ModelProto) -> list:
+    """The rounds of inputs the checks will give the model (none where its inputs cannot be made: the
+    session is still created)."""
+    from .verify import check_feeds
+
+    try:
+        return check_feeds(model_proto)
+    except ConversionError:  # an input type random inputs cannot be made of: the checks say so themselves
+        return []
 
 
 def check_lowered(report: ConversionReport, lowered: tuple) -> None:

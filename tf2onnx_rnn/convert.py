@@ -334,7 +334,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.debug:
             traceback.print_exc()
         _error(first_line(error.spelled(flag_of(parser))))
-        return EXIT_BAD_INPUT
+        return getattr(error, "exit_code", EXIT_BAD_INPUT)
     except Exception as error:  # a bug, ours or a library's: show it in full
         traceback.print_exc()
         _error(f"internal error: {type(error).__name__}: {first_line(error)}")

@@ -74,6 +74,9 @@ def save_model(model_proto: onnx.ModelProto, output_path: str, check_loads: bool
 def _check_file_loads(path: str) -> None:
     import onnxruntime as ort
 
+    from .isolation import check_survives
+
+    check_survives(None, [], model_path=path)  # a crash there ends a child, not this process
     try:
         ort.InferenceSession(path, providers=["CPUExecutionProvider"])
     except Exception as error:  # noqa: BLE001 - onnxruntime raises its own kinds

@@ -260,11 +260,7 @@ def compare(reference: Callable[[list], Sequence[np.ndarray]], model_proto: onnx
     """
     state_inputs, state_outputs = streamed_states(model_proto)
     nchw_inputs, nchw_outputs = transposed(model_proto)
-    specs = [spec for spec in onnx_input_specs(model_proto) if spec[0] not in state_inputs]
-    rounds = [inputs] if inputs is not None else [
-        random_inputs(specs, seed + i, round_sizes(batch, time)) for i, (batch, time) in enumerate(ROUNDS)]
-    state_specs = {name: (shape, dtype) for name, shape, dtype in onnx_input_specs(model_proto, defaulted=True)
-                   if name in state_inputs}
+    specs, rounds = _rounds(model_proto, seed, inputs)
     result = VerificationResult(tolerance, reference=reference_name, rounds=len(rounds), values=values)
     try:
         session = _session(model_proto)
@@ -288,10 +284,7 @@ def compare(reference: Callable[[list], Sequence[np.ndarray]], model_proto: onnx
             result.reference_failed = True
             break
         try:
-            feeds = {name: a for (name, _, _), a in zip(specs, arrays)}
-            batch = len(arrays[0]) if arrays and np.ndim(arrays[0]) else 1
-            feeds.update({name: np.zeros([batch if shape[0] is None else shape[0]] + shape[1:], dtype)
-                          for name, (shape, dtype) in state_specs.items()})
+            feeds = _feeds(model_proto, specs, arrays)
             given = session.run(None, feeds)
             actual = [value for name, value in zip(every_output, given) if name not in state_outputs]
         except Exception as error:  # noqa: BLE001 - onnxruntime raises its own kinds
@@ -307,6 +300,33 @@ def compare(reference: Callable[[list], Sequence[np.ndarray]], model_proto: onnx
                                 {name: tuple(np.shape(a)) for name, a in zip(every_output, given)}))
     result.checks = [_check(name, outcomes[name], tolerance, len(rounds)) for name in names if outcomes[name]]
     return result
+
+
+def _rounds(model_proto: onnx.ModelProto, seed: int, inputs: Optional[list]) -> tuple:
+    """(the specs of the inputs a check feeds, its rounds of arrays in their order): ``inputs``, or one
+    round of seeded random arrays per :data:`ROUNDS` entry. A streamed model's state inputs are fed apart
+    (:func:`_feeds`)."""
+    state_inputs, _ = streamed_states(model_proto)
+    specs = [spec for spec in onnx_input_specs(model_proto) if spec[0] not in state_inputs]
+    rounds = [inputs] if inputs is not None else [
+        random_inputs(specs, seed + i, round_sizes(batch, time)) for i, (batch, time) in enumerate(ROUNDS)]
+    return specs, rounds
+
+
+def _feeds(model_proto: onnx.ModelProto, specs: list, arrays: list) -> dict:
+    """One round's feeds by input name: the arrays, and a streamed model's states as zeros (its usual start)."""
+    state_inputs, _ = streamed_states(model_proto)
+    feeds = {name: a for (name, _, _), a in zip(specs, arrays)}
+    batch = len(arrays[0]) if arrays and np.ndim(arrays[0]) else 1
+    feeds.update({name: np.zeros([batch if shape[0] is None else shape[0]] + shape[1:], dtype)
+                  for name, shape, dtype in onnx_input_specs(model_proto, defaulted=True) if name in state_inputs})
+    return feeds
+
+
+def check_feeds(model_proto: onnx.ModelProto, seed: int = 0) -> list:
+    """The feeds, round by round, the output shape check and verification give the model (by default)."""
+    specs, rounds = _rounds(model_proto, seed, None)
+    return [_feeds(model_proto, specs, arrays) for arrays in rounds]
 
 
 def streamed_states(model_proto: onnx.ModelProto) -> tuple:

@@ -77,9 +77,9 @@ class Trainer:
         from onnxruntime.training.api import CheckpointState, Module, Optimizer
 
         if exported:
-            import cudnn_graphs
-
             import tensorflow as tf
+
+            import cudnn_graphs
 
             path = cudnn_graphs.export_on_gpu_machine(model, os.path.basename(directory))
             assert cudnn_graphs.cudnn_ops(tf.saved_model.load(path).signatures["serve"].graph.as_graph_def())

@@ -1,0 +1,105 @@
+"""A native crash of onnxruntime while the conversion checks its model ends a child process, not the caller.
+
+onnxruntime 1.23-1.32 ends the process creating a session on a float16 ``MatMul`` of a time-major swap
+(tests/test_half_matmuls.py pins it); the converter writes that product otherwise
+(``rewriters.emit.half_matmuls``). With that pass turned off, a frozen graph computing such a product
+converts to a model onnxruntime crashes on: the conversion must raise a one-line ``RuntimeCrashed`` (a
+``ConversionError``) naming onnxruntime, the signal and the stage, write nothing, and leave its caller
+running; the command line exits 3. The same conversion with the pass converts, and the child's check
+does not change a model that loads (``tf2onnx_rnn.isolation``).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import helpers
+
+TURN_OFF_THE_PASS = ("import tf2onnx_rnn.rewriters.emit.half_matmuls as passes\n"
+                     "passes.swap_half_matmuls = lambda model: 0\n")
+
+
+@pytest.fixture(scope="module")
+def crashing_graph(tmp_path_factory) -> str:
+    """A frozen graph: x float16 [B, T, 3] -> a swap of its first two axes -> its product with a constant."""
+    import tensorflow as tf
+
+    with tf.Graph().as_default() as graph:
+        x = tf.compat.v1.placeholder(tf.float16, [None, None, 3], name="x")
+        weights = tf.constant(np.random.default_rng(1).standard_normal((3, 5)).astype(np.float16))
+        tf.identity(tf.linalg.matmul(tf.transpose(x, [1, 0, 2]), weights), name="y")
+    path = str(tmp_path_factory.mktemp("crash") / "crash.pb")
+    with open(path, "wb") as stream:
+        stream.write(graph.as_graph_def().SerializeToString())
+    return path
+
+
+def _onnxruntime_crashes() -> bool:
+    import onnxruntime
+
+    return tuple(int(part) for part in onnxruntime.__version__.split(".")[:2]) >= (1, 23)
+
+
+def test_a_crash_of_the_checking_runtime_is_an_error_and_the_caller_goes_on(crashing_graph, tmp_path, monkeypatch):
+    from tf2onnx_rnn import ConversionError, convert_graph_def
+    from tf2onnx_rnn.isolation import RuntimeCrashed
+    from tf2onnx_rnn.rewriters.emit import half_matmuls
+
+    if not _onnxruntime_crashes():
+        pytest.skip("this onnxruntime loads the shape")
+    monkeypatch.setattr(half_matmuls, "swap_half_matmuls", lambda model: 0)
+    output = tmp_path / "model.onnx"
+    with pytest.raises(RuntimeCrashed) as crashed:
+        convert_graph_def(crashing_graph, ["x:0"], ["y:0"], output_path=str(output))
+    message = str(crashed.value)
+    assert isinstance(crashed.value, ConversionError) and "\n" not in message, message
+    assert message.startswith("onnxruntime ") and ("SIGSEGV" in message or "SIGABRT" in message), message
+    assert "creating a session" in message and "nothing was written" in message, message
+    assert not output.exists() and os.listdir(tmp_path) == []
+
+
+def test_the_command_line_exits_3_on_a_runtime_crash(crashing_graph, tmp_path):
+    if not _onnxruntime_crashes():
+        pytest.skip("this onnxruntime loads the shape")
+    output = tmp_path / "model.onnx"
+    script = TURN_OFF_THE_PASS + ("import sys\nfrom tf2onnx_rnn.convert import main\n"
+                                  "sys.exit(main(sys.argv[1:]))\n")
+    done = subprocess.run([sys.executable, "-c", script, "--graphdef", crashing_graph, "--inputs", "x:0",
+                           "--outputs", "y:0", "--output", str(output)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 3, (done.returncode, done.stderr[-1500:])
+    line = helpers.assert_one_error_line(done.stderr)
+    assert "onnxruntime" in line and "ended its process" in line, line
+    assert not output.exists()
+
+
+def test_the_same_graph_converts_with_the_pass_and_equals_tensorflow(crashing_graph, tmp_path):
+    from tf2onnx_rnn import convert_graph_def, report_of
+
+    proto = convert_graph_def(crashing_graph, ["x:0"], ["y:0"], verify=True, tolerance=1e-2)
+    assert "verified" in report_of(proto).checked
+    assert helpers.ort_session(proto) is not None
+
+
+def test_the_child_leaves_a_model_that_loads_as_it_is():
+    """The check of a model that loads returns and raises nothing; one that onnxruntime refuses (an
+    error, not a crash) is left to the caller's own checks."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from tf2onnx_rnn.isolation import check_survives
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["B", 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    before = model.SerializeToString()
+    check_survives(model, [{"x": np.ones((2, 3), np.float32)}])
+    assert model.SerializeToString() == before
+    refused = onnx.ModelProto.FromString(before)
+    refused.graph.node[0].op_type = "NoSuchOp"
+    check_survives(refused, [])
