@@ -17,6 +17,7 @@ from typing import Sequence
 import onnx
 
 from .errors import ConversionError, first_line, param
+from .inlining import shared_parents
 from .options import Options
 from .probes import default_opset
 from .rewriters.outcome import Findings
@@ -204,8 +205,9 @@ def _tf2onnx_conversion(graph_def, name: str, large_model: bool = False, custom_
         const_node_values = compress_graph_def(graph_def) if large_model else None
         if not kwargs.get("tflite_path") and not kwargs.get("tfjs_path"):
             tf.import_graph_def(graph_def, name="")
-        graph = process_tf_graph(tf_graph, const_node_values=const_node_values,
-                                 custom_op_handlers=custom_op_handlers, **kwargs)
+        with shared_parents():  # tf2onnx's While handler copied the whole model per loop
+            graph = process_tf_graph(tf_graph, const_node_values=const_node_values,
+                                     custom_op_handlers=custom_op_handlers, **kwargs)
         caught = os.environ.get(CATCH_ERRORS, str(not large_model)).upper() == "TRUE"
         return _optimized(graph, optimizers, caught).make_model(f"converted from {name}")
 

@@ -109,7 +109,7 @@ def _tidy(graph: onnx.GraphProto, scope: Scope, types: TypeTable, loop_map, comp
     (``computed``: the nodes that computed the Loop's inputs, removed where nothing reads them now), its
     counter's constants. The Scan is written and exact either way: a fault here only leaves them."""
     try:
-        scope.refresh()
+        scope.refresh()  # the Scan in place of the Loop
         _drop_padding(scope, types, loop_map)
         _remove_unused(scope, computed)
         _drop_unused_initializers(graph)
@@ -169,13 +169,26 @@ def _rename_reads(graph: onnx.GraphProto, old: str, new: str) -> None:
 
 
 def _remove_unused(scope: Scope, candidates: set) -> None:
-    """Remove the ``candidates`` nothing reads any more, until none is left to remove."""
-    while True:
-        scope.refresh()
-        dead = [n for n in scope.graph.node if n.name in candidates and not any(scope.used(o) for o in n.output)]
-        if not dead:
-            return
-        gone = {n.name for n in dead}
+    """Remove the ``candidates`` nothing reads any more, until none is left to remove: the graph's readers
+    counted once, then each removal lowers the counts of what the removed node read (a chain of dead nodes
+    goes in one pass over the graph, not one per link)."""
+    scope.refresh()
+    readers = {name: len(nodes) for name, nodes in scope.readers.items()}
+    by_name = {n.name: n for n in scope.graph.node if n.name in candidates}
+    gone: set = set()
+    pending = list(by_name)
+    while pending:
+        name = pending.pop()
+        node = by_name[name]
+        if name in gone or any(readers.get(o, 0) or o in scope.graph_outputs for o in node.output):
+            continue
+        gone.add(name)
+        for read in reads(node):
+            readers[read] = readers.get(read, 0) - 1
+            producer = scope.producers.get(read)
+            if producer is not None and producer.name in by_name and producer.name not in gone:
+                pending.append(producer.name)
+    if gone:
         kept = [n for n in scope.graph.node if n.name not in gone]
         del scope.graph.node[:]
         scope.graph.node.extend(kept)
