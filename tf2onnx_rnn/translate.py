@@ -17,7 +17,7 @@ from typing import Sequence
 import onnx
 
 from .errors import ConversionError, first_line, param
-from .inlining import shared_parents
+from .lean_tf2onnx import lean_passes, shared_parents
 from .options import Options
 from .probes import default_opset
 from .rewriters.outcome import Findings
@@ -224,13 +224,14 @@ def _optimized(graph, optimizers, caught: bool):
     model, as tf2onnx does for one), a failure is raised."""
     from tf2onnx import optimizer
 
-    if not caught:
-        return optimizer.optimize_graph(graph, catch_errors=False, optimizers=optimizers)
-    untouched = copy.deepcopy(graph)
-    try:
-        return optimizer.optimize_graph(graph, catch_errors=False, optimizers=optimizers)
-    except Exception:  # noqa: BLE001 - tf2onnx's way from the copy: the failing optimizer is skipped, logged
-        return optimizer.optimize_graph(untouched, catch_errors=True, optimizers=optimizers)
+    with lean_passes():  # no protobuf of every node and subgraph rebuilt after each pass
+        if not caught:
+            return optimizer.optimize_graph(graph, catch_errors=False, optimizers=optimizers)
+        untouched = copy.deepcopy(graph)
+        try:
+            return optimizer.optimize_graph(graph, catch_errors=False, optimizers=optimizers)
+        except Exception:  # noqa: BLE001 - tf2onnx's way from the copy: the failing optimizer is skipped, logged
+            return optimizer.optimize_graph(untouched, catch_errors=True, optimizers=optimizers)
 
 
 def _io_ranks(model_proto: onnx.ModelProto) -> dict:

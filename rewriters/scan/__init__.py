@@ -36,6 +36,8 @@ def scan_loops(model: onnx.ModelProto, findings: Findings) -> list:
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
     written = []
     candidates = [(n.name, n.op_type) for n in model.graph.node if n.op_type in ("Loop", "Scan")]
+    held_reads: dict = {}  # what the graph's index read of nodes holding subgraphs, for the next loop's
+    # index: a loop's rewrite changes its own neighbourhood, the other nodes stay the same objects
     for name, op in candidates:
         node = next(n for n in model.graph.node if n.name == name and n.op_type == op)
         loop = while_loop_name(node)
@@ -43,14 +45,14 @@ def scan_loops(model: onnx.ModelProto, findings: Findings) -> list:
             continue
         index = rows[loop]
         row = findings.outcomes[index]
-        # a rewrite that fails part way leaves the graph as it was: it changes the graph's nodes and
-        # adds initializers (never changes one), so the nodes and the initializers' count restore it
-        before = onnx.GraphProto()
-        before.node.extend(model.graph.node)
+        # a rewrite that fails part way leaves the graph as it was: it changes the graph's nodes (never one
+        # in place) and adds initializers (never changes one), so the nodes and the initializers' count
+        # restore it
+        before = list(model.graph.node)
         initializers = len(model.graph.initializer)
         try:
             types = TypeTable(model, within=name)  # this loop's body, not its siblings'
-            scope = Scope(model.graph)
+            scope = Scope(model.graph, held_reads=held_reads)
             loop_map = (read_loop if op == "Loop" else read_scan)(node, scope, types)
             computed = {n.name for n in upstream(node.input, scope.producer)[1].values()}  # its trip count, test
             done = write_scan(node, loop_map, scope, types, opset)
@@ -77,9 +79,10 @@ def scan_loops(model: onnx.ModelProto, findings: Findings) -> list:
     return written
 
 
-def _restore(graph: onnx.GraphProto, before: onnx.GraphProto, initializers: int) -> None:
+def _restore(graph: onnx.GraphProto, before: list, initializers: int) -> None:
+    kept = [onnx.NodeProto.FromString(node.SerializeToString()) for node in before]
     del graph.node[:]
-    graph.node.extend(before.node)
+    graph.node.extend(kept)
     del graph.initializer[initializers:]
 
 
@@ -110,19 +113,19 @@ def _tidy(graph: onnx.GraphProto, scope: Scope, types: TypeTable, loop_map, comp
     counter's constants. The Scan is written and exact either way: a fault here only leaves them."""
     try:
         scope.refresh()  # the Scan in place of the Loop
-        _drop_padding(scope, types, loop_map)
-        _remove_unused(scope, computed)
-        _drop_unused_initializers(graph)
+        padding = _bypass_padding(scope, types, loop_map)
+        readers = _remove_unused(scope, padding | computed)
+        _drop_unused_initializers(graph, readers)
     except Exception as error:  # noqa: BLE001 - see above
         logger.debug("tidying after the Scan form raised", exc_info=True)
         logger.warning("internal error while tidying after the Scan form: %s: %s", type(error).__name__, error)
 
 
-def _drop_unused_initializers(graph: onnx.GraphProto) -> None:
-    """Initializers only the Loop read (its counter's start, its step): nothing reads them now."""
-    used = {name for node in graph.node for name in reads(node)} | {o.name for o in graph.output}
-    used |= {i.name for i in graph.input}
-    kept = [t for t in graph.initializer if t.name in used]
+def _drop_unused_initializers(graph: onnx.GraphProto, readers: dict) -> None:
+    """Initializers only the Loop read (its counter's start, its step): nothing reads them now
+    (``readers``: how many nodes read each tensor)."""
+    used = {o.name for o in graph.output} | {i.name for i in graph.input}
+    kept = [t for t in graph.initializer if readers.get(t.name, 0) > 0 or t.name in used]
     if len(kept) < len(graph.initializer):
         del graph.initializer[:]
         graph.initializer.extend(kept)
@@ -142,9 +145,10 @@ def _hoisted_text(done: Written, loop_map) -> str:
     return text
 
 
-def _drop_padding(scope: Scope, types: TypeTable, loop_map) -> None:
+def _bypass_padding(scope: Scope, types: TypeTable, loop_map) -> set:
     """The zeros a Loop's stacked outputs were padded with up to the list's reserved length: none for a
-    Scan whose steps are that length (the padding Concat is bypassed, then its unused arithmetic)."""
+    Scan whose steps are that length (the padding Concat is bypassed). Returns the nodes of the padding,
+    to be removed where nothing reads them now."""
     lengths = Lengths(scope, types)
     candidates = set()
     for _, final in loop_map.step_outputs:
@@ -152,9 +156,10 @@ def _drop_padding(scope: Scope, types: TypeTable, loop_map) -> None:
             if reader.output[0] in scope.graph_outputs:
                 continue
             _rename_reads(scope.graph, reader.output[0], final)
+            scope.forget_reads()  # a subgraph may have read it
             candidates.add(reader.name)
             candidates |= _ancestor_nodes(scope, reader)
-    _remove_unused(scope, candidates)
+    return candidates
 
 
 def _ancestor_nodes(scope: Scope, node: onnx.NodeProto) -> set:
@@ -163,15 +168,16 @@ def _ancestor_nodes(scope: Scope, node: onnx.NodeProto) -> set:
 
 def _rename_reads(graph: onnx.GraphProto, old: str, new: str) -> None:
     for node in graph.node:
-        node.input[:] = [new if name == old else name for name in node.input]
+        if old in node.input:
+            node.input[:] = [new if name == old else name for name in node.input]
         for sub in subgraphs(node):
             _rename_reads(sub, old, new)
 
 
-def _remove_unused(scope: Scope, candidates: set) -> None:
+def _remove_unused(scope: Scope, candidates: set) -> dict:
     """Remove the ``candidates`` nothing reads any more, until none is left to remove: the graph's readers
     counted once, then each removal lowers the counts of what the removed node read (a chain of dead nodes
-    goes in one pass over the graph, not one per link)."""
+    goes in one pass over the graph, not one per link). Returns how many nodes read each tensor after."""
     scope.refresh()
     readers = {name: len(nodes) for name, nodes in scope.readers.items()}
     by_name = {n.name: n for n in scope.graph.node if n.name in candidates}
@@ -188,10 +194,10 @@ def _remove_unused(scope: Scope, candidates: set) -> None:
             producer = scope.producers.get(read)
             if producer is not None and producer.name in by_name and producer.name not in gone:
                 pending.append(producer.name)
-    if gone:
-        kept = [n for n in scope.graph.node if n.name not in gone]
-        del scope.graph.node[:]
-        scope.graph.node.extend(kept)
+    for position in reversed(range(len(scope.graph.node))):  # in place: the others stay the same objects
+        if scope.graph.node[position].name in gone:
+            del scope.graph.node[position]
+    return readers
 
 
 __all__ = ["Written", "scan_loops", "unnamed_step_dims"]

@@ -105,10 +105,14 @@ class TypeTable:
 class Scope:
     """One graph and the scopes around it: producers, readers and constants of the tensors it sees."""
 
-    def __init__(self, graph: onnx.GraphProto, outer: Optional["Scope"] = None):
+    def __init__(self, graph: onnx.GraphProto, outer: Optional["Scope"] = None, held_reads: Optional[dict] = None):
+        """``held_reads``: what an earlier index of ``graph`` read of its nodes holding subgraphs (id of
+        the node -> the node, what it reads), kept up to date here; a subgraph's outer reads are read
+        once while its node stays the same object (graphs are changed by removing and inserting nodes)."""
         self.graph = graph
         self.outer = outer
         self.aliases: dict = {}  # a body input -> the outer tensor it always holds (a loop's invariant)
+        self._held_reads = {} if held_reads is None else held_reads
         self.refresh()
 
     def refresh(self) -> None:
@@ -116,10 +120,23 @@ class Scope:
         self.initializers = {t.name: t for t in self.graph.initializer}
         self.inputs = {i.name for i in self.graph.input}
         self.readers: dict = {}
+        held = {}
         for node in self.graph.node:
-            for name in reads(node):
+            if node.attribute and subgraphs(node):
+                known = self._held_reads.get(id(node))
+                held[id(node)] = known if known is not None and known[0] is node else (node, reads(node))
+                names = held[id(node)][1]
+            else:
+                names = {name for name in node.input if name}
+            for name in names:
                 self.readers.setdefault(name, []).append(node)
+        self._held_reads.clear()
+        self._held_reads.update(held)
         self.graph_outputs = {o.name for o in self.graph.output}
+
+    def forget_reads(self) -> None:
+        """What the index read of the nodes holding subgraphs, forgotten: a subgraph was changed in place."""
+        self._held_reads.clear()
 
     def local(self, name: str) -> bool:
         """Whether ``name`` is made in this graph (an input, an initializer or a node's output)."""

@@ -1,0 +1,126 @@
+"""Two of tf2onnx's steps, with what they compute unchanged, in time linear in the number of loops.
+
+**Inlining a while-loop's condition.** tf2onnx's ``While`` handler inlines the loop's condition into
+the graph holding it (``onnx_opset/controlflow.py``, ``inline_subgraph``), first making a deep copy of
+the condition's graph. That graph refers to the graph holding it (``parent_graph``), and ``copy.deepcopy`` follows the
+reference: each loop copies the whole model, every node and weight, only to throw the copy away. A
+model of N loops tf2onnx leaves as loops (those no native node computes, which become Scans) took time
+in N squared: a stack of 32 such layers converted in 25 s against 3.7 s for 8 (measured).
+
+:func:`shared_parents` makes that copy keep the holding graphs as they are, by reference (the copy's
+nodes are moved into the holding graph right after, as tf2onnx does; its lookups of outer tensors read
+the same graphs), and afterwards forgets what the copy registered in them (which graph reads which
+outer tensor: the copy is gone once inlined). The loop's nodes and the model tf2onnx writes are the same.
+
+**Its optimizers' passes.** After each optimizer pass tf2onnx rebuilds the protobuf of every node, and
+of every subgraph (``update_proto``: each loop body made into a ``GraphProto`` anew, 36 times for
+its default passes) and counts every node for a log line. The optimizers read and change the graph's
+own objects, never those protobufs, and the model is built from the objects at the end; so
+:func:`lean_passes` leaves both out between passes and keeps the rest of each pass (its optimization,
+then the unused nodes removed). The graph computes the same; equal duplicates may keep other names
+(a body's nodes are no longer sorted between passes). With 32 loops left to tf2onnx the optimizers took
+3.8 s against 0.7 s for 8 (measured).
+
+**Its identity optimizer.** Removing an ``Identity`` not at a graph's output, tf2onnx renames its output
+in the nodes it passes, and it passes every node of the graph: each is registered as a reader of the
+Identity's input and checked, so a graph of N layers' Identities took time in N squared and its readers'
+index grew to every node for each such input. :func:`lean_passes` passes the nodes that read the
+Identity's output, from the graph's own index of readers (the one tf2onnx's renaming reads when given
+none); the subgraphs reading it are renamed as tf2onnx does. At 32 loops left to tf2onnx it took 0.30 s
+against 0.02 s for 8 (measured), and the passes after it read the bloated index.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+
+
+class _Copier:
+    """The ``copy`` module as tf2onnx's control-flow handlers see it while :func:`shared_parents` is on: a
+    graph's deep copy keeps the graphs above it, and each copy made is remembered."""
+
+    def __init__(self):
+        self.made: list = []
+
+    def deepcopy(self, value, memo=None):
+        memo = {} if memo is None else memo
+        parent = getattr(value, "parent_graph", None)
+        while parent is not None:  # the holding graphs stay themselves in the copy
+            memo[id(parent)] = parent
+            parent = getattr(parent, "parent_graph", None)
+        made = copy.deepcopy(value, memo)
+        if hasattr(made, "parent_graph"):
+            self.made.append(made)
+        return made
+
+    def __getattr__(self, name):  # the rest of the module, as it is
+        return getattr(copy, name)
+
+    def forget(self) -> None:
+        """Remove each copy made from the registers of the graphs above it (which graph reads an outer
+        tensor): tf2onnx registered it there while inlining, and the copy is gone."""
+        for made in self.made:
+            parent = made.parent_graph
+            while parent is not None:
+                for graphs in parent._input_to_graph.values():  # pylint: disable=protected-access
+                    graphs.pop(id(made), None)
+                parent = parent.parent_graph
+        self.made.clear()
+
+
+@contextlib.contextmanager
+def shared_parents():
+    """While a conversion runs: tf2onnx's inlining copies a loop's condition without the model around it."""
+    from tf2onnx.onnx_opset import controlflow
+
+    original_copy, original_inline = controlflow.copy, controlflow.inline_subgraph
+    copier = _Copier()
+
+    def inline(parent, graph, scope, binding):
+        try:
+            return original_inline(parent, graph, scope, binding)
+        finally:
+            copier.forget()
+
+    controlflow.copy, controlflow.inline_subgraph = copier, inline
+    try:
+        yield
+    finally:
+        controlflow.copy, controlflow.inline_subgraph = original_copy, original_inline
+
+
+@contextlib.contextmanager
+def lean_passes():
+    """While tf2onnx's optimizers run: each pass without rebuilding every node's and subgraph's protobuf
+    after it, or counting the nodes for its log; an Identity's output renamed in its readers only."""
+    from tf2onnx.optimizer.identity_optimizer import IdentityOptimizer
+    from tf2onnx.optimizer.optimizer_base import GraphOptimizerBase
+
+    original = GraphOptimizerBase.optimize
+    original_identity = IdentityOptimizer.__dict__["_handle_non_graph_output_identity"]
+
+    def optimize(self, graph, iteration):
+        self.opt_iteration = iteration
+        graph = self._optimize(graph)  # pylint: disable=protected-access
+        graph.delete_unused_nodes(graph.outputs)
+        return graph
+
+    GraphOptimizerBase.optimize = optimize
+    IdentityOptimizer._handle_non_graph_output_identity = staticmethod(_removed_identity)  # pylint: disable=protected-access
+    try:
+        yield
+    finally:
+        GraphOptimizerBase.optimize = original
+        IdentityOptimizer._handle_non_graph_output_identity = original_identity  # pylint: disable=protected-access
+
+
+def _removed_identity(graph, identity) -> bool:
+    """tf2onnx's removal of an Identity whose output is not the graph's, its output renamed in the nodes
+    reading it (the graph's index of readers may name nodes since removed or renamed: only those still
+    reading it count)."""
+    old, new = identity.output[0], identity.input[0]
+    named = graph._output_to_consumers.get(old, ())  # pylint: disable=protected-access
+    readers = [node for node in map(graph.get_node_by_name, list(named)) if node is not None and old in node.input]
+    graph.replace_all_inputs(old, new, ops=readers)
+    graph.remove_node(identity.name)
+    return True
