@@ -15,7 +15,9 @@ a hand-built floor of that form; and, when OpenVINO is installed, ours, minimal 
 plugin) are timed in one process, interleaved round by round, onnxruntime, OpenVINO and
 TensorFlow each on one thread. Reported: medians, and the ratios ours/minimal and stock/ours as the
 median of each round's ratio (the two ran back to back in it).
-Conversion time and peak memory are measured in child processes, one conversion each.
+Conversion time and peak memory are measured in child processes, one conversion each; so is conversion
+time against depth (stacks of 1, 8 and 32 SimpleRNN layers, native nodes and Scan forms;
+``--conversion-only`` runs just these, into conversion.json and conversion_depth.md).
 
 OpenVINO compiles with f32 inference precision (its CPU plugin would compute in bf16 on CPUs
 with AMX / AVX512-BF16) and the models' dynamic shapes. There a masked case runs the portable
@@ -60,6 +62,7 @@ class Case:
     mask_input: bool = False  # masked: the mask is a model input (layer(x, mask=m)), not a Masking layer
     padding: str = "post"  # masked: "post" (every row's kept steps first) or "mixed" (pre-padded, full,
     # post-padded, holed and empty rows in turn, the first pre-padded): compaction is needed
+    activation: str = "tanh"  # gelu: no native node computes the layer, it becomes a Scan of its own step
 
     @property
     def name(self) -> str:
@@ -74,6 +77,8 @@ class Case:
             parts.append(f"h{self.hidden}")
         if self.padding != "post":
             parts.append(self.padding)
+        if self.activation != "tanh":
+            parts.append(self.activation)
         return "-".join(parts)
 
 
@@ -87,6 +92,16 @@ def all_cases() -> list:
     cases += [Case("LSTM", False, False, 1, time=1000), Case("GRU", False, True, 1, time=1000),
               Case("LSTM", False, False, 1, depth=4), Case("LSTM", False, False, 16, depth=4)]
     return cases
+
+
+# conversion time against depth: stacks of small SimpleRNN layers, each a native node (tanh) or, with an
+# activation no native node computes (gelu), a Scan of its own step
+DEPTHS = (1, 8, 32)
+
+
+def depth_cases() -> list:
+    return [Case("SimpleRNN", False, False, 1, hidden=16, depth=depth, activation=activation)
+            for depth in DEPTHS for activation in ("tanh", "gelu")]
 
 
 QUICK = ("gru-uni-plain-b1", "lstm-uni-masked-b1", "gru-bi-plain-b1", "rnn-uni-plain-b16")
@@ -104,7 +119,7 @@ def build_model(case: Case, seed: int = 0):
     elif case.masked:
         hidden = keras.layers.Masking()(hidden)
     for _ in range(case.depth):
-        layer = getattr(keras.layers, case.kind)(case.hidden, return_sequences=True)
+        layer = getattr(keras.layers, case.kind)(case.hidden, activation=case.activation, return_sequences=True)
         layer = keras.layers.Bidirectional(layer) if case.bidirectional else layer
         hidden = layer(hidden, **call)
     model = keras.Model(inputs if len(inputs) > 1 else inputs[0], hidden)
@@ -353,6 +368,7 @@ class Results:
     machine: dict
     cases: list = field(default_factory=list)
     conversions: list = field(default_factory=list)
+    depths: list = field(default_factory=list)  # conversion cost of depth_cases()
 
 
 def machine_info() -> dict:
@@ -436,6 +452,28 @@ def table(results: Results) -> str:
         for row in results.conversions:
             lines.append(f"| {row['case']} | {row['ours']['seconds']:.2f} | {row['stock']['seconds']:.2f} | "
                          f"{row['ours']['peak_mb']:.0f} | {row['stock']['peak_mb']:.0f} |")
+    if results.depths:
+        lines += ["", depth_table(results.depths)]
+    return "\n".join(lines)
+
+
+def depth_table(depths: list) -> str:
+    """Conversion seconds of SimpleRNN(16) stacks per depth: native nodes (tanh) and Scan forms (gelu),
+    ours and stock, with the Scan form over the native and each depth over the one before."""
+    seconds = {(row["depth"], row["activation"], converter): row[converter]["seconds"]
+               for row in depths for converter in ("ours", "stock")}
+    lines = ["Conversion time against depth, SimpleRNN(16) stacks (seconds, one conversion in a fresh process):", "",
+             "| layers | ours native | ours Scan form | Scan form/native | ours Scan form/previous depth "
+             "| stock native | stock Loops |", "|---|---|---|---|---|---|---|"]
+    previous = None
+    for depth in DEPTHS:
+        if (depth, "gelu", "ours") not in seconds:
+            continue
+        native, scan = seconds[(depth, "tanh", "ours")], seconds[(depth, "gelu", "ours")]
+        growth = f"{scan / seconds[(previous, 'gelu', 'ours')]:.2f} ({depth // previous}x layers)" if previous else "-"
+        lines.append(f"| {depth} | {native:.2f} | {scan:.2f} | {scan / native:.2f} | {growth} | "
+                     f"{seconds[(depth, 'tanh', 'stock')]:.2f} | {seconds[(depth, 'gelu', 'stock')]:.2f} |")
+        previous = depth
     return "\n".join(lines)
 
 
@@ -495,6 +533,8 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds (default 7)")
     parser.add_argument("--block", type=float, default=0.05, help="seconds per timing block (default 0.05)")
     parser.add_argument("--no-conversion-cost", action="store_true", help="skip conversion time/memory")
+    parser.add_argument("--conversion-only", action="store_true",
+                        help="only conversion time/memory (the depth table included), no latency")
     parser.add_argument("--out", default=os.path.join(HERE, "results"), help="output directory")
     args = parser.parse_args(argv)
     if args.smoke:
@@ -513,7 +553,7 @@ def main(argv=None) -> int:
     if wanted:
         cases = [c for c in cases if c.name in wanted]
     results = Results(machine=machine_info())
-    for case in cases:
+    for case in [] if args.conversion_only else cases:
         print(f"timing {case.name} ...", file=sys.stderr, flush=True)
         results.cases.append(time_case(case, args.rounds, args.block))
     if not args.no_conversion_cost:
@@ -522,7 +562,20 @@ def main(argv=None) -> int:
             print(f"conversion cost {case.name} ...", file=sys.stderr, flush=True)
             results.conversions.append({"case": case.name, "ours": conversion_cost(case, "ours"),
                                         "stock": conversion_cost(case, "stock")})
-    write(results, args.out)
+        for case in [] if args.quick else depth_cases():
+            print(f"conversion cost {case.name} ...", file=sys.stderr, flush=True)
+            results.depths.append({"case": case.name, "depth": case.depth, "activation": case.activation,
+                                   "ours": conversion_cost(case, "ours"), "stock": conversion_cost(case, "stock")})
+    if args.conversion_only:  # the latency results stay as they are
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "conversion.json"), "w") as stream:
+            json.dump({"machine": results.machine, "conversions": results.conversions, "depths": results.depths},
+                      stream, indent=1)
+    else:
+        write(results, args.out)
+    if results.depths:
+        with open(os.path.join(args.out, "conversion_depth.md"), "w") as stream:
+            stream.write(depth_table(results.depths) + "\n")
     print(table(results))
     print(f"\nmachine: {results.machine}\nresults: {args.out}")
     return 0

@@ -92,6 +92,36 @@ def test_the_optimized_model_is_the_one_tf2onnx_makes(monkeypatch):
     assert _structure(ours) == _structure(stock)
 
 
+def _looped_model():
+    """Layers tf2onnx converts as loops (no native node computes them: Scans of their own steps) beside a
+    fused one, masked: the inlined loop conditions and the optimizers' passes over loop bodies."""
+    K = parity.keras_module(parity.FLAVORS[0])
+    x = K.Input((None, 5), name="x")
+    h = K.layers.SimpleRNN(4, activation="gelu", return_sequences=True)(K.layers.Masking(0.0)(x))
+    h = K.layers.LSTM(3, activation="selu", return_sequences=True)(h)
+    model = K.Model(x, K.layers.Dense(2)(K.layers.GRU(3)(h)))
+    parity.randomize_weights(model, 6)
+    return model
+
+
+def test_the_lean_steps_make_the_model_tf2onnx_makes(monkeypatch):
+    """tf2onnx's steps this package makes linear in the loops (the condition inlined without copying the
+    model, the passes without rebuilding protobufs, Identities renamed in their readers only) write the
+    model tf2onnx's own steps write."""
+    import contextlib
+
+    model = _looped_model()
+    ours = convert_keras(model)
+    assert helpers.op_counts(ours)["Scan"] == 2, helpers.op_counts(ours)
+    monkeypatch.setattr(translate, "_optimized", _stock_optimized)
+    monkeypatch.setattr(translate, "shared_parents", contextlib.nullcontext)
+    stock = convert_keras(model)
+    assert _structure(ours) == _structure(stock)
+    x = _x()
+    np.testing.assert_allclose(parity.run_onnx(helpers.ort_session(ours), ["x"], [x])[0],
+                               parity.keras_outputs(model, [x])[0], atol=1e-5)
+
+
 def test_a_failing_optimizer_is_skipped_and_its_half_done_work_undone(caplog):
     from tf2onnx import optimizer
 
