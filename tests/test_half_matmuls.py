@@ -206,6 +206,34 @@ def test_casts_or_identities_between_the_swap_and_the_matmul(name: str, tmp_path
                                atol=tolerance)
 
 
+def test_two_matmuls_of_one_cast_swap_share_the_moved_cast(tmp_path):
+    """Two MatMuls read one cast of a swap (a float32 cell's two input kernels in a ``mixed_float16`` RNN):
+    the cast is moved before the swap once, both products read it, every node keeps a name of its own, and
+    the model loads and equals numpy's products."""
+    w = np.random.default_rng(3).standard_normal((FEATURES, HIDDEN)).astype(np.float32)
+    nodes = [helper.make_node("Transpose", ["x"], ["x_tm"], perm=[1, 0, 2], name="swap"),
+             helper.make_node("Cast", ["x_tm"], ["x32"], to=TensorProto.FLOAT, name="cast"),
+             helper.make_node("MatMul", ["x32", "W1"], ["a"], name="first"),
+             helper.make_node("MatMul", ["x32", "W2"], ["b"], name="second"),
+             helper.make_node("Add", ["a", "b"], ["y"], name="sum")]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT16, ["B", "T", FEATURES])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["T", "B", HIDDEN])],
+        [numpy_helper.from_array(w, "W1"), numpy_helper.from_array(2 * w, "W2")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    assert swap_half_matmuls(model) == 2
+    onnx.checker.check_model(model, full_check=True)
+    names = [n.name for n in model.graph.node]
+    assert len(names) == len(set(names)), names
+    assert [n.op_type for n in model.graph.node].count("Cast") == 1, names
+    done = _load_in_a_child(model, tmp_path)
+    assert done.returncode == 0, (done.returncode, done.stderr[-500:])
+    x = np.random.default_rng(4).standard_normal((2, 4, FEATURES)).astype(np.float16)
+    expected = (x.transpose(1, 0, 2).astype(np.float64) @ (3 * w).astype(np.float64)).ravel()
+    np.testing.assert_allclose(np.array(ast.literal_eval(done.stdout.strip())), expected, rtol=1e-5, atol=1e-5)
+
+
 def test_a_mixed_float16_stack_of_two_state_cells_converts_and_loads(tmp_path):
     """Keras's own stacked-cells test's model (``RNN`` over three ``TwoStatesRNNCell``s of 3, 4 and 5 units,
     ``mixed_float16``, input fixed at (2, 3, 4)): its Scan's hoisted projection read a cast of a float16

@@ -52,6 +52,7 @@ def _graph(graph: onnx.GraphProto, outer_constants: dict) -> int:
                     kept_for |= _names_read(attribute.g)
         producer = {output: node for node in graph.node for output in node.output}
         nodes, replaced, here = [], set(), 0
+        moved_casts: dict = {}  # a cast's output -> its cast before the swap, made once for every MatMul it feeds
         for node in graph.node:
             found = _cast_chain(node, producer, constants)
             if found is None or not _swaps_time(found[0]) or not _crashes(found, node, constants):
@@ -62,10 +63,10 @@ def _graph(graph: onnx.GraphProto, outer_constants: dict) -> int:
             for cast in between:
                 if cast.op_type != "Cast":
                     continue
-                moved = f"{cast.output[0]}__before_swap"
-                nodes.append(helper.make_node("Cast", [factor], [moved], name=moved,
-                                              to=_cast_type(cast)))
-                factor = moved
+                if cast.output[0] not in moved_casts:
+                    moved = moved_casts[cast.output[0]] = f"{cast.output[0]}__before_swap"
+                    nodes.append(helper.make_node("Cast", [factor], [moved], name=moved, to=_cast_type(cast)))
+                factor = moved_casts[cast.output[0]]
             product = f"{node.output[0]}__before_swap"
             nodes.append(helper.make_node("MatMul", [factor, node.input[1]], [product], name=node.name))
             nodes.append(helper.make_node("Transpose", [product], list(node.output), name=f"{node.output[0]}__swap",
