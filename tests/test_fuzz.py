@@ -9,13 +9,17 @@ For Keras 3 (``keras``) and tf_keras, hypothesis draws a model (see :func:`examp
 - activations ONNX can express (tanh, sigmoid, relu, hard_sigmoid, softsign, linear; recurrent
   activations sigmoid, hard_sigmoid, tanh) and, for about one layer in ten, ``selu``, which ONNX
   cannot express: that layer must then become a Scan of its own step (or stay a Loop), never a node;
-- about one layer in six (float32 models) is ``RNN(cell)`` with a hand-written cell of
+- about one layer in six (of every element type) is ``RNN(cell)`` with a hand-written cell of
   ``tests/cells.py``: a near-miss of LSTM, GRU or SimpleRNN (an extra scale or bias, a leaky
   integrator, peepholes, another gate wiring, layer normalisation...), which may be fused only into
-  a node that gives Keras's output, or a standard formula written by hand, which must be fused;
-- the element type: float32 (mostly), the ``mixed_float16`` policy (compared within 3e-2), or
-  float64 layers, which must stay as they are (onnxruntime's recurrent kernels do not run float64)
-  with a reason naming the type;
+  a node that gives Keras's output (else a Scan of its step, or a Loop), or a standard formula
+  written by hand, which must be fused (float64 aside, below);
+- the element type: float32 (mostly), the ``mixed_float16`` policy or the ``float16`` policy (each
+  the global policy while the model is built, layers and cells alike; compared within 3e-2), or float64
+  layers and cells, which must stay as they are (onnxruntime's recurrent kernels do not run float64:
+  an exact Scan of their step or Loop) with a reason naming the type (or, for a near-miss cell, the
+  mismatch its matcher refuses it for, whatever the type); initial states (float32 model inputs) in
+  tf_keras only into float32 models (it refuses to feed states of another type; Keras 3 casts them);
 - the conversion's target: the default form mostly, else ``portable`` (no computed ``sequence_lens``; a
   masked Bidirectional layer as two forward nodes, no ``reverse`` node) or ``onnxruntime`` (SimpleRNN as
   an input MatMul and one ``Scan`` per direction, each row naming its own);
@@ -98,7 +102,7 @@ import parity
 from helpers import KINDS, SCOPE_NAME, STATE_COUNT
 
 TOLERANCE = 1e-4
-FLOAT16_TOLERANCE = 3e-2  # mixed_float16: the layers compute in float16
+FLOAT16_TOLERANCE = 3e-2  # mixed_float16 and float16: the layers compute in float16
 RELATIVE = 1e-5  # and a fraction of Keras's value beside it (numpy's default rtol): float32's rounding of large values
 WEIGHT_SCALE = 0.3
 EXAMPLES = int(os.environ.get("TF2ONNX_RNN_FUZZ_EXAMPLES", "12"))
@@ -110,7 +114,8 @@ RECURRENT_ACTIVATIONS = ("sigmoid", "hard_sigmoid", "tanh")
 INEXPRESSIBLE = "selu"  # no exact ONNX recurrent activation: the layer must stay a Loop
 MERGE_MODES = ("concat", "sum", "mul", "ave")
 MASKS = ("none", "masking", "input")
-DTYPES = ("float32",) * 4 + ("mixed_float16", "float64")  # mostly float32
+DTYPES = ("float32",) * 4 + ("mixed_float16", "float16", "float64")  # mostly float32
+HALF_POLICIES = frozenset({"mixed_float16", "float16"})  # the global policy while the model is built
 # the conversion's target: mostly the default form; the portable form (no computed sequence_lens, a masked
 # Bidirectional as two forward nodes) and the onnxruntime form (SimpleRNN as an input MatMul + Scan)
 TARGETS = (None,) * 4 + ("portable", "onnxruntime")
@@ -167,7 +172,7 @@ class ModelSpec:
     weight_seed: int = 0
     fixed_batch: Optional[int] = None  # the input signature's batch; None: dynamic
     fixed_time: Optional[int] = None  # the input signature's time; None: dynamic
-    dtype: str = "float32"  # float32, mixed_float16 (the global policy) or float64 (the layers' dtype)
+    dtype: str = "float32"  # float32, mixed_float16 or float16 (the global policy), float64 (the layers' dtype)
     target: Optional[str] = None  # convert_keras's target: None (the default form), portable or onnxruntime
     gpu_machine: bool = False  # Keras 3: converted where TensorFlow lists a GPU, and exported there (cuDNN ops)
 
@@ -204,7 +209,7 @@ class ModelSpec:
 
     @property
     def tolerance(self) -> float:
-        return FLOAT16_TOLERANCE if self.dtype == "mixed_float16" else TOLERANCE
+        return FLOAT16_TOLERANCE if self.dtype in HALF_POLICIES else TOLERANCE
 
     def state_sizes(self) -> list:
         first = self.layers[0]
@@ -279,11 +284,11 @@ def layer_specs(draw, flavor: str, last: bool, with_cells: bool = False, float64
 def model_specs(draw, flavor: str) -> ModelSpec:
     depth = draw(st.integers(1, 3))
     dtype = draw(st.sampled_from(DTYPES))
-    layers = tuple(draw(layer_specs(flavor, last=i == depth - 1, with_cells=dtype == "float32",
-                                    float64=dtype == "float64"))
+    layers = tuple(draw(layer_specs(flavor, last=i == depth - 1, with_cells=True, float64=dtype == "float64"))
                    for i in range(depth))
     mask = draw(st.sampled_from(MASKS))
-    initial_state = draw(st.booleans()) and dtype == "float32"  # float32 states into other layers: Keras refuses
+    # the states are float32 model inputs: tf_keras refuses them for a layer of another type, Keras 3 casts them
+    initial_state = draw(st.booleans()) and (dtype == "float32" or flavor == "keras3")
     fixed_time = draw(st.one_of(st.none(), st.integers(1, 7)))
     if fixed_time is not None and fixed_time >= 2:  # unroll=True needs a known number of steps
         layers = tuple(dataclasses.replace(ls, unroll=draw(st.booleans())) for ls in layers)
@@ -355,7 +360,7 @@ def flatten(out) -> list:
 
 def build_model(flavor: str, spec: ModelSpec):
     K = parity.keras_module(flavor)
-    if spec.dtype != "mixed_float16":
+    if spec.dtype not in HALF_POLICIES:
         return _build_model(K, spec)
     previous = K.mixed_precision.global_policy()
     K.mixed_precision.set_global_policy(spec.dtype)
@@ -513,9 +518,12 @@ def structure_problems(spec: ModelSpec, proto: onnx.ModelProto) -> tuple:
             if fused:
                 problems.append(f"{name} ({spec.dtype}, {ls.activation}) must stay as it is but was fused: {fused}")
             named = all("float64" in o.reason for o in entries)
+            # a near-miss cell no native node computes in any type is refused for its formula, which is read
+            # before its type is looked at: its reason is that mismatch ("not a GRU cell: ..."), true in float64
+            refused = ls.near_miss and all(o.reason.startswith(f"not a {ls.kind} cell") for o in entries)
             # an unrolled chain is read before its type is looked at: its reason may be the chain's (a float64
             # chain's ops are not float32's: tf2onnx folds them otherwise), kept as its ops either way
-            if spec.dtype == "float64" and not named and not ls.unroll:
+            if spec.dtype == "float64" and not named and not refused and not ls.unroll:
                 reasons = [o.reason for o in entries]
                 problems.append(f"{name}: a float64 layer's reason does not name the type: {reasons}")
 
@@ -661,6 +669,7 @@ def run_property(flavor: str, example: Example) -> None:
     record = check_example(flavor, example)
     event(f"{record['fused']} loop(s) fused, {record['kept']} left as Loop")
     event(f"mask: {example.spec.mask}; {len(example.spec.layers)} layer(s)")
+    event(f"element type: {example.spec.dtype}; target: {example.spec.target or 'default'}")
     event("signature: batch " + str(example.spec.fixed_batch or "dynamic") + ", time "
           + str(example.spec.fixed_time or "dynamic"))
     for text in record["notes"]:
