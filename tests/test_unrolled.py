@@ -77,6 +77,9 @@ def branches(K, variant: Variant, x, masked, initial):
     add(variant.layer(K, "last_backward", go_backwards=True)(x))
     add(variant.layer(K, "seq_backward", return_sequences=True, go_backwards=True)(x))
     add(K.layers.Bidirectional(variant.layer(K, "bidi", return_sequences=True), name=f"{variant.scope}_bi")(x), 2)
+    # the last outputs multiplied: the product of both halves' last steps is no step of either (each half reads
+    # the other's steps, so a last step folded by TensorFlow must be read apart from the product)
+    add(K.layers.Bidirectional(variant.layer(K, "bidi_mul"), merge_mode="mul", name=f"{variant.scope}_bi_mul")(x), 2)
     add(variant.layer(K, "masked_seq", return_sequences=True)(masked))
     add(variant.layer(K, "masked_last_backward", go_backwards=True)(masked))
     add(variant.layer(K, "masked_seq_backward", return_sequences=True, go_backwards=True)(masked))

@@ -196,15 +196,25 @@ def _region(graph, labels: Labels, template: Template, mapped: set, k: int) -> s
     template's unmapped ops can account for (the same op types, as many)."""
     budget = Counter(n.type for n in template.nodes) - Counter(graph.get_node_by_name(n).type for n in mapped)
     region, grew = set(mapped), True
+    made = {t for name in region for t in graph.get_node_by_name(name).output}
+
+    def own(tensor: str) -> bool:
+        """Whether step ``k`` of this chain may read ``tensor``: made in the region, constant, made before
+        the step (what earlier steps left, the initial states), or the step's own input or mask. Not what
+        another layer made from the same steps (a Bidirectional's other half reads the same input)."""
+        return (tensor in made or is_static(graph, labels, tensor) or labels.tensor(tensor) < k
+                or labels.roots.get(tensor) == k)
+
     while grew:
         grew = False
         for name in sorted(region):
             for tensor in graph.get_node_by_name(name).output:
                 for consumer in graph.find_output_consumers(tensor):
                     if (consumer.name in region or labels.of.get(consumer.name) != k or consumer.type in STACKS
-                            or budget[consumer.type] <= 0):
+                            or budget[consumer.type] <= 0 or not all(own(t) for t in consumer.input if t)):
                         continue
                     region.add(consumer.name)
+                    made.update(consumer.output)
                     budget[consumer.type] -= 1
                     grew = True
     return region
