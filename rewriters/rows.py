@@ -7,6 +7,7 @@ what was fused or declined, WARNING for a fault of ours.
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 
 from . import cell_kinds
@@ -26,8 +27,12 @@ def scope_name(node_name: str) -> str:
 
 
 def kind_hint(name: str) -> str:
-    """The Keras layer kind a node's scopes suggest (lstm_1 -> LSTM), "unknown" when none does."""
+    """The Keras layer kind a node's scopes suggest (lstm_1 -> LSTM, conv_lstm2d_1 -> ConvLSTM2D),
+    "unknown" when none does."""
     lowered = name.lower()
+    conv = re.search(r"conv_?lstm(?:_?([123])d)?", lowered)
+    if conv:  # no native node computes these: they have no cell kind
+        return f"ConvLSTM{conv.group(1)}D" if conv.group(1) else "ConvLSTM"
     return next((kind.keras_name for kind in cell_kinds() if kind.scope_hint in lowered), "unknown")
 
 

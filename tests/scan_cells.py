@@ -127,7 +127,8 @@ def _with_constants(K, units):
 @dataclass(frozen=True)
 class Design:
     """One recurrence: ``layer(K, **kwargs)`` makes the recurrent layer; ``loop_matmuls``: MatMuls that
-    must stay in each step (the recurrent ones: the input's are hoisted); ``constants``: the cell reads a
+    must stay in each step (the recurrent ones, those reading one state made one: the input's are hoisted);
+    ``constants``: the cell reads a
     constant input (tf_keras's ``constants``)."""
 
     name: str
@@ -159,7 +160,7 @@ DESIGNS = (
     Design("lstm_selu", _builtin("LSTM", "selu"), 1),
     Design("gru_silu", _builtin("GRU", "silu"), 1),
     Design("ln_elman", _cell(_layer_normalised_elman), 1),
-    Design("dense_input", _cell(_dense_input), 2),
+    Design("dense_input", _cell(_dense_input), 1),  # h @ U and h @ V: one MatMul, split
     Design("three_states", _cell(_three_states), 1),
 )
 CONSTANTS = Design("constants", _cell(_with_constants), 1, constants=True)

@@ -20,7 +20,7 @@ import onnx
 
 from ..description import NoMatch
 from ..outcome import LOOP, SCAN, Findings, while_loop_name
-from .graph_index import Scope, TypeTable, reads, subgraphs, upstream
+from .graph_index import Scope, TypeTable, attribute, reads, subgraphs, upstream
 from .lengths import Lengths
 from .loop_reading import paddings, read_loop, read_scan
 from .rewrite import Written, write_scan
@@ -57,6 +57,7 @@ def scan_loops(model: onnx.ModelProto, findings: Findings) -> list:
             computed = {n.name for n in upstream(node.input, scope.producer)[1].values()}  # its trip count, test
             done = write_scan(node, loop_map, scope, types, opset)
             scanned = dataclasses.replace(row, became=SCAN, node=done.loop, own_step=True,
+                                          direction=_direction(loop_map, scope), reason=_reason(row),
                                           form=f"a Scan of the loop's own step ({_hoisted_text(done, loop_map)})")
         except NoMatch as no_match:
             _restore(model.graph, before, initializers)
@@ -75,7 +76,7 @@ def scan_loops(model: onnx.ModelProto, findings: Findings) -> list:
         written.append(done)
         findings.outcomes[index] = scanned
         logger.info("%s: %s -> ONNX Scan (%s)", row.layer, row.kind, scanned.form)
-        _tidy(model.graph, scope, types, loop_map, computed)
+        _tidy(model.graph, scope, types, loop_map, computed, set(done.around))
     return written
 
 
@@ -95,10 +96,10 @@ def unnamed_step_dims(model: onnx.ModelProto) -> int:
     for node in model.graph.node:
         if node.op_type != "Scan":
             continue
-        for attribute in node.attribute:
-            if attribute.type != onnx.AttributeProto.GRAPH:
+        for held in node.attribute:
+            if held.type != onnx.AttributeProto.GRAPH:
                 continue
-            body = attribute.g
+            body = held.g
             for value in list(body.input) + list(body.output) + list(body.value_info):
                 for dim in value.type.tensor_type.shape.dim:
                     if dim.HasField("dim_param"):
@@ -107,18 +108,51 @@ def unnamed_step_dims(model: onnx.ModelProto) -> int:
     return cleared
 
 
-def _tidy(graph: onnx.GraphProto, scope: Scope, types: TypeTable, loop_map, computed: set) -> None:
+def _tidy(graph: onnx.GraphProto, scope: Scope, types: TypeTable, loop_map, computed: set, around: set) -> None:
     """What the Loop needed and the Scan does not: its outputs' padding, its trip count and condition
     (``computed``: the nodes that computed the Loop's inputs, removed where nothing reads them now), its
-    counter's constants. The Scan is written and exact either way: a fault here only leaves them."""
+    counter's constants; and a transpose written next to the Scan (``around``) and one beside it made one.
+    The Scan is written and exact either way: a fault here only leaves them."""
     try:
         scope.refresh()  # the Scan in place of the Loop
         padding = _bypass_padding(scope, types, loop_map)
-        readers = _remove_unused(scope, padding | computed)
+        _remove_unused(scope, padding | computed)
+        readers = _remove_unused(scope, _composed_transposes(scope, around))
         _drop_unused_initializers(graph, readers)
     except Exception as error:  # noqa: BLE001 - see above
         logger.debug("tidying after the Scan form raised", exc_info=True)
         logger.warning("internal error while tidying after the Scan form: %s: %s", type(error).__name__, error)
+
+
+def _composed_transposes(scope: Scope, around: set) -> set:
+    """Each Transpose named in ``around`` and a Transpose it reads, or that alone reads it, made one (the one
+    read takes the composed perm; the other is left unread). Returns the names of the nodes left unread."""
+    scope.refresh()
+    unread = set()
+    for node in list(scope.graph.node):
+        if node.name not in around or node.op_type != "Transpose" or node.name in unread:
+            continue
+        before = scope.producer(node.input[0])
+        readers = scope.readers.get(node.output[0], [])
+        if before is not None and before.op_type == "Transpose" and before.name not in unread and \
+                len(scope.readers.get(before.output[0], [])) == 1 and before.output[0] not in scope.graph_outputs:
+            first, second = node, before
+        elif len(readers) == 1 and readers[0].op_type == "Transpose" and readers[0].name not in unread and \
+                node.output[0] not in scope.graph_outputs:
+            first, second = readers[0], node
+        else:
+            continue
+        inner, outer = list(attribute(second, "perm") or ()), list(attribute(first, "perm") or ())
+        if not inner or len(inner) != len(outer):
+            continue
+        composed = [inner[axis] for axis in outer]
+        del first.input[:]
+        first.input.append(second.input[0])
+        for attr in first.attribute:
+            if attr.name == "perm":
+                attr.ints[:] = composed
+        unread.add(second.name)
+    return unread
 
 
 def _drop_unused_initializers(graph: onnx.GraphProto, readers: dict) -> None:
@@ -131,12 +165,50 @@ def _drop_unused_initializers(graph: onnx.GraphProto, readers: dict) -> None:
         graph.initializer.extend(kept)
 
 
+def _reason(row) -> str:
+    """Why no native node computes the layer: the matchers' reason, or for a convolutional one, that."""
+    if row.kind.startswith("ConvLSTM"):
+        return "a convolution in each step: no ONNX recurrent node computes one"
+    return row.reason
+
+
+_KEEPS_ORDER = frozenset({"Transpose", "Identity", "Cast", "Reshape", "Squeeze", "Unsqueeze"})
+
+
+def _direction(loop_map, scope: Scope) -> str:
+    """``backward`` where a sequence the loop steps through is its input reversed in time (Keras's
+    ``go_backwards``, a Bidirectional's backward layer: a ``ReverseSequence``, or a ``Slice`` with a
+    negative step, through ops that keep the order of the steps), else ``forward``."""
+    for read in loop_map.reads:
+        name = read.sequence
+        for _ in range(16):
+            node = scope.producer(scope.resolve(name))
+            if node is None:
+                break
+            if node.op_type == "ReverseSequence":
+                return "backward"
+            if node.op_type == "Slice" and len(node.input) > 4 and node.input[4]:
+                steps = scope.constant(node.input[4])
+                if steps is not None and (steps < 0).any():
+                    return "backward"
+            if node.op_type not in _KEEPS_ORDER:
+                break
+            name = node.input[0]
+    return "forward"
+
+
 def _hoisted_text(done: Written, loop_map) -> str:
     states = f"{done.states} state(s), {done.sequences} scanned input(s)"
     if loop_map.longest_of:
         states += (f", every step of the sequence (the loop ended at the longest row of {loop_map.longest_of}; "
                    "past each row's length its steps keep the states and stack zeros)")
     text = states + (f", {done.hoisted} node(s) of input-only work run once over the sequence" if done.hoisted else "")
+    if done.lifted:
+        text += f" (its {', '.join(f'{count} {op}' for op, count in sorted(done.lifted.items()))} among them)"
+    if done.merged:
+        text += f", {done.merged} product(s) merged into a sibling's node (their weights concatenated)"
+    if done.laid_out:
+        text += f", {done.laid_out} state(s) carried in the layout their step reads (no Transpose per step)"
     if done.normalisations:
         text += f", {done.normalisations} layer normalisation(s) as one node each"
     if done.unfused_normalisations:

@@ -24,7 +24,7 @@ def fold(nodes: list, scope: Scope, initializers: list, opset: int) -> list:
     for node in nodes:
         values = [known.get(name) if name in known else scope.constant(name) for name in node.input if name]
         foldable = all(v is not None for v in values) and not _holds_graph(node)
-        outputs = _evaluate(node, values, opset) if foldable else None
+        outputs = evaluate(node, values, opset) if foldable else None
         if outputs is None:
             left.append(node)
             continue
@@ -39,7 +39,7 @@ def _holds_graph(node: onnx.NodeProto) -> bool:
     return any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
 
 
-def _evaluate(node: onnx.NodeProto, values: list, opset: int) -> Optional[list]:
+def evaluate(node: onnx.NodeProto, values: list, opset: int) -> Optional[list]:
     """``node``'s outputs on constant ``values``, or None where the reference evaluator cannot say."""
     try:
         from onnx.reference import ReferenceEvaluator

@@ -18,6 +18,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from .graph_index import Scope, TypeTable, attribute, fresh, reads, subgraphs
+from .siblings import fuse_siblings
 
 _UNARY = frozenset({
     "Abs", "Acos", "Acosh", "Asin", "Asinh", "Atan", "Atanh", "Ceil", "Cos", "Cosh", "Elu", "Erf", "Exp", "Floor",
@@ -42,6 +43,8 @@ class Hoisted:
     body: list = field(default_factory=list)
     rows: dict = field(default_factory=dict)
     moved: int = 0  # how many nodes now run once over the sequence
+    merged: int = 0  # sibling products merged into one node with another (:mod:`.siblings`)
+    lifted: dict = field(default_factory=dict)  # op type -> how many nodes of it now run over the sequence
     ranks: dict = field(default_factory=dict)  # each row's rank at one step, where known
 
 
@@ -49,9 +52,11 @@ class _Lifter:
     """Builds the sequence form of one body node; None when its op does not treat a leading axis as a
     batch axis, or the ranks that would show it are unknown."""
 
-    def __init__(self, scope: Scope, types: TypeTable, opset: int, hoisted: Hoisted, seq: dict):
+    def __init__(self, scope: Scope, types: TypeTable, opset: int, hoisted: Hoisted, seq: dict,
+                 value: Optional[Callable[[str], Optional[np.ndarray]]] = None):
         self._seq = seq  # a per-step tensor -> its sequence outside (the rules add what they make)
         self.scope = scope
+        self.value = value or scope.constant  # a constant's value: the scope's, or one the body held
         self.types = types
         self.opset = opset
         self.hoisted = hoisted
@@ -64,7 +69,7 @@ class _Lifter:
         return tensor.name
 
     def outer_rank(self, name: str) -> Optional[int]:
-        value = self.scope.constant(name)
+        value = self.value(name)
         return value.ndim if value is not None else self.types.rank(name)
 
     def lift(self, node: onnx.NodeProto, seq: dict) -> Optional[list]:
@@ -86,7 +91,7 @@ class _Lifter:
 
     def _rules(self) -> dict:
         rules: dict = {op: self._broadcast for op in _UNARY | _BROADCAST}
-        rules.update({"MatMul": self._matmul, "Gemm": self._gemm, "Transpose": self._transpose,
+        rules.update({"MatMul": self._matmul, "Gemm": self._gemm, "Conv": self._conv, "Transpose": self._transpose,
                       "Reshape": self._reshape, "Unsqueeze": self._axes_op, "Squeeze": self._axes_op,
                       "Slice": self._slice})
         for op in ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL2", "ReduceL1",
@@ -167,12 +172,41 @@ class _Lifter:
         self._seq[node.output[0]] = product
         return made, 2
 
+    def _conv(self, node, varying, ranks):
+        """A convolution of each row by constant weights: the sequence's step axis folded into its batch
+        axis (``[T, N, C, ...]`` as ``[T * N, C, ...]``), one Conv over every step, the two axes unfolded."""
+        if not varying[0] or any(varying[1:]) or ranks[0] < 3:
+            return None
+        sequence, rank = self._seq[node.input[0]], ranks[0]
+        made = []
+
+        def add(op: str, inputs: list, **attrs) -> str:
+            made.append(helper.make_node(op, inputs, [fresh(f"{node.output[0]}_{op.lower()}")],
+                                         name=fresh(f"{node.name or 'Conv'}_{op.lower()}"), **attrs))
+            return made[-1].output[0]
+
+        def dims(tensor: str, start: int, end: int) -> str:
+            return add("Slice", [add("Shape", [tensor]), self.const(np.array([start], np.int64), "start"),
+                                 self.const(np.array([end], np.int64), "end")])
+
+        folded_shape = add("Concat", [self.const(np.array([-1], np.int64), "folded"), dims(sequence, 2, rank + 1)],
+                           axis=0)
+        folded = add("Reshape", [sequence, folded_shape])
+        convolved = add("Conv", [folded] + list(node.input[1:]))
+        made[-1].attribute.extend(node.attribute)
+        unfolded_shape = add("Concat", [dims(sequence, 0, 2), dims(convolved, 1, rank)], axis=0)
+        out = fresh(node.output[0])
+        made.append(helper.make_node("Reshape", [convolved, unfolded_shape], [out],
+                                     name=fresh(f"{node.name or 'Conv'}_unfolded")))
+        self._seq[node.output[0]] = out
+        return made, rank
+
     def _transpose(self, node, varying, ranks):
         perm = attribute(node, "perm") or list(reversed(range(ranks[0])))
         return [self._copy(node, self._seq, perm=[0] + [p + 1 for p in perm])], ranks[0]
 
     def _reshape(self, node, varying, ranks):
-        shape = self.scope.constant(node.input[1])
+        shape = self.value(node.input[1])
         if varying[1] or shape is None or attribute(node, "allowzero", 0):
             return None
         new_shape = self.const(np.concatenate([[0], shape.reshape(-1)]).astype(np.int64), "shape")
@@ -190,7 +224,7 @@ class _Lifter:
         axes = attribute(node, "axes")
         inputs = [self._seq[node.input[0]]] + list(node.input[1:])
         if axes is None and len(node.input) > 1 and node.input[1]:
-            axes = self.scope.constant(node.input[1])
+            axes = self.value(node.input[1])
             if axes is None:
                 return None
             inputs[1] = self.const(np.array(self._shifted(axes), np.int64), "axes")
@@ -207,8 +241,8 @@ class _Lifter:
     def _slice(self, node, varying, ranks):
         if any(varying[1:]):
             return None
-        starts = self.scope.constant(node.input[1])
-        axes = self.scope.constant(node.input[3]) if len(node.input) > 3 and node.input[3] else None
+        starts = self.value(node.input[1])
+        axes = self.value(node.input[3]) if len(node.input) > 3 and node.input[3] else None
         if starts is None or (len(node.input) > 3 and node.input[3] and axes is None):
             return None
         axes = np.arange(starts.size) if axes is None else axes
@@ -242,7 +276,6 @@ def hoist(body: list, rows: dict, row_ranks: dict, step_inputs: set, scope: Scop
     """
     hoisted = Hoisted()
     seq = dict(rows)  # per-step tensor -> its sequence outside
-    lifter = _Lifter(scope, types, opset, hoisted, seq)
 
     def width(name: str) -> Optional[int]:  # the last dim of a body tensor (a row's: its sequence's)
         shape = types.shape(name) or (types.shape(rows[name]) if name in rows else None)
@@ -254,8 +287,11 @@ def hoist(body: list, rows: dict, row_ranks: dict, step_inputs: set, scope: Scop
         found = moved_out.get(name)
         return numpy_helper.to_array(found) if found is not None else scope.constant(name)
 
+    lifter = _Lifter(scope, types, opset, hoisted, seq, value)
+
     body = regroup_input_only_work(body, step_inputs, keep, types,
                                    _Weights(value, lifter.const, width, lifter._float16))
+    body, hoisted.merged = fuse_siblings(body, value, lifter.const, types, opset, keep)
     lifter.rank.update(row_ranks)
     invariant: set = set()  # body tensors now made outside, unchanged
     varying = set(step_inputs)  # what depends on a carried state
@@ -280,6 +316,7 @@ def hoist(body: list, rows: dict, row_ranks: dict, step_inputs: set, scope: Scop
             continue
         hoisted.outer.extend(lifted)
         hoisted.moved += 1
+        hoisted.lifted[node.op_type] = hoisted.lifted.get(node.op_type, 0) + 1
     needed = {name for node in stays for name in reads(node)} | {name for name in seq if keep(name)}
     hoisted.rows = {name: sequence for name, sequence in seq.items() if name in needed}
     hoisted.body = stays

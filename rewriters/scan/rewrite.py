@@ -9,7 +9,7 @@ and outputs, so the rest of the graph and the report's reconciliation see the sa
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
@@ -19,6 +19,7 @@ from ..description import NoMatch
 from .folding import computed_reads, fold
 from .graph_index import Scope, TypeTable, attribute, fresh, outer_reads, reads, subgraphs, topological, upstream
 from .hoisting import hoist
+from .layouts import Layouts, carry_in_layouts, outside
 from .loop_reading import LoopMap, zero_filled
 from .normalisation import fuse_layer_normalisations
 
@@ -33,6 +34,10 @@ class Written:
     hoisted: int  # body nodes that now run once over the whole sequence
     normalisations: int = 0  # layer normalisations in the step written as one LayerNormalization node each
     unfused_normalisations: int = 0  # those left as their nodes: the opset (below 17) has no such node
+    around: tuple = ()  # the names of the nodes written before and after the Scan
+    lifted: dict = field(default_factory=dict)  # op type -> how many of the hoisted nodes were products of it
+    merged: int = 0  # products merged into a sibling's node
+    laid_out: int = 0  # states carried in another layout
 
 
 def write_scan(loop: onnx.NodeProto, loop_map: LoopMap, scope: Scope, types: TypeTable, opset: int) -> Written:
@@ -63,6 +68,12 @@ def write_scan(loop: onnx.NodeProto, loop_map: LoopMap, scope: Scope, types: Typ
     initializers += hoisted.initializers
     outer_nodes += fold(hoisted.outer, scope, initializers, opset)
     rows = hoisted.rows or dict(list(rows.items())[:1])  # a Scan scans at least one sequence
+    for name, source in declared.items():  # an output's copy has the type of what it copies
+        if source in types.types and name not in types.types:
+            types.types[name] = types.types[source]
+    layouts = _carried_in_layouts(hoisted, state_inputs, outputs, len(loop_map.states), scope, types, initializers)
+    state_inputs = [layouts.inputs.get(name, (name, None))[0] for name in state_inputs]
+    unlaid, outputs = outputs, [layouts.outputs.get(name, (name, None))[0] for name in outputs]
     passed = _passed_on(hoisted.body, outputs, scope, {t.name for t in initializers} | set(state_inputs) | set(rows),
                         types)
     state_inputs += [inner for _, inner, _ in passed]
@@ -80,16 +91,56 @@ def write_scan(loop: onnx.NodeProto, loop_map: LoopMap, scope: Scope, types: Typ
         raise NoMatch("the element type of a value the step carries or reads is not known", untyped[0])
     finals = [state.final or fresh("final_state") for state in loop_map.states] + [fresh("passed") for _ in passed]
     initials = [state.initial for state in loop_map.states] + [outer for outer, _, _ in passed]
-    scan = helper.make_node("Scan", initials + list(rows.values()),
-                            finals + [final for _, final in loop_map.step_outputs], name=loop.name,
+    sequences = [final for _, final in loop_map.step_outputs]
+    after = []
+    for index, state in enumerate(loop_map.states):  # a state carried in another layout: transposed on its way
+        if state.step_input in layouts.inputs:      # in and out
+            initial, perm = initials[index], layouts.inputs[state.step_input][1]
+            initials[index] = fresh(initial)
+            outer_nodes.append(helper.make_node("Transpose", [initial], [initials[index]], name=fresh("layout_in"),
+                                                perm=perm))
+            final, finals[index] = finals[index], fresh(finals[index])
+            if scope.used(final):
+                after.append(helper.make_node("Transpose", [finals[index]], [final], name=fresh("layout_out"),
+                                              perm=layouts.outputs[unlaid[index]][1]))
+    for index, step_output in enumerate(unlaid[len(loop_map.states):]):  # a per-step output stacked untransposed
+        if step_output in layouts.outputs:
+            sequence, sequences[index] = sequences[index], fresh(sequences[index])
+            after.append(helper.make_node("Transpose", [sequences[index]], [sequence], name=fresh("layout_out"),
+                                          perm=outside(True, layouts.outputs[step_output][1])))
+    scan = helper.make_node("Scan", initials + list(rows.values()), finals + sequences, name=loop.name,
                             body=new_body, num_scan_inputs=len(rows))
-    after = [helper.make_node("Identity", [inv.initial], [inv.final], name=fresh("invariant"))
-             for inv in loop_map.invariants if inv.final and scope.used(inv.final)]
+    after += [helper.make_node("Identity", [inv.initial], [inv.final], name=fresh("invariant"))
+              for inv in loop_map.invariants if inv.final and scope.used(inv.final)]
     after += [helper.make_node("Identity", [kept], [merged], name=fresh("twin_state"))
               for merged, kept in twins if merged and scope.used(merged)]
     _replace(scope.graph, loop, outer_nodes + [scan] + after)
     scope.graph.initializer.extend(initializers)
-    return Written(loop.name, len(loop_map.states), len(rows), hoisted.moved, normalisations, unfused)
+    lifted = {op: count for op, count in hoisted.lifted.items() if op in ("Conv", "MatMul", "Gemm")}
+    return Written(loop.name, len(loop_map.states), len(rows), hoisted.moved, normalisations, unfused,
+                   tuple(node.name for node in outer_nodes + after), lifted, hoisted.merged, len(layouts.inputs))
+
+
+def _carried_in_layouts(hoisted, state_inputs: list, outputs: list, states: int, scope: Scope, types: TypeTable,
+                        initializers: list) -> Layouts:
+    """The step's states carried in the layouts its work wants (:mod:`.layouts`); ``outputs``: the step's,
+    its states' first (``states`` of them), then its per-step outputs."""
+    known = {t.name: t for t in initializers}
+
+    def value(name: str):
+        return numpy_helper.to_array(known[name]) if name in known else scope.constant(name)
+
+    def const(array: np.ndarray, base: str) -> str:
+        tensor = numpy_helper.from_array(array, fresh(base))
+        initializers.append(tensor)
+        known[tensor.name] = tensor
+        types.types[tensor.name] = helper.make_tensor_type_proto(tensor.data_type, list(tensor.dims))
+        return tensor.name
+
+    layouts = carry_in_layouts(hoisted.body, list(zip(state_inputs, outputs[:states])), outputs[states:], types,
+                               value, const)
+    hoisted.body = layouts.nodes
+    return layouts
 
 
 def _merge_twin_states(loop_map: LoopMap, body: onnx.GraphProto, scope: Scope) -> tuple:
