@@ -118,6 +118,13 @@ def test_every_loop_is_a_lean_scan_with_its_reason(flavor, case):
         matmuls.append(body_ops.count("MatMul"))
     # the input's projection runs once over the sequence, in every layer of a stack too
     assert set(matmuls) == {case[0].loop_matmuls}, matmuls
+    # a backward layer runs forward over its input reversed by a Slice (tract has no ReverseSequence,
+    # and its releases before September 2026 ignore a Scan's directions)
+    for scan in scans:
+        for name in ("scan_input_directions", "scan_output_directions"):
+            assert not any(helpers.attribute(scan, name) or ()), f"{scan.name} runs backwards"
+    if case[1] != "masked":
+        assert not ops["ReverseSequence"], parity.report_table(entry.proto)
     report = entry.get() and parity_report(entry.proto)
     rows = report.scans
     assert len(rows) == _expected_loops(case) and not report.loops, report.table()
@@ -158,12 +165,13 @@ def parity_report(proto):
 
 
 _DOWNSTREAM = [pytest.param(flavor, _Case((design, form)), id=f"{design.name}-{form}-{flavor}")
-               for design in DESIGNS for form in ("plain", "masked") for flavor in parity.FLAVORS[:1]]
+               for design in DESIGNS for form in FORMS for flavor in parity.FLAVORS[:1]]
 
 
 @pytest.mark.parametrize("flavor, case", _DOWNSTREAM)
 def test_loads_and_equals_keras_in_openvino_and_tract(flavor, case, tmp_path):
-    """Every Scan-form model runs in OpenVINO (f32) and tract, equal to Keras within 1e-4."""
+    """Every Scan-form model, in the default form (backward layers and Bidirectional ones included), runs
+    in OpenVINO (f32) and tract, equal to Keras within 1e-4."""
     openvino = pytest.importorskip("openvino")
     tract = pytest.importorskip("tract")
     entry = parity.converted_with(flavor, case, _build)
@@ -322,6 +330,10 @@ def test_a_peephole_lstm_in_the_portable_form_is_a_scan_exact_in_openvino(tmp_pa
     want = np.asarray(model(xv, training=False))
     default, portable = convert_keras(model), convert_keras(model, target="portable")
     assert [o.became for o in report_of(default).outcomes] == ["LSTM"]
+    # the default form's report names OpenVINO and the target to use; the portable form's has no such note
+    notes = [line for line in report_of(default).notes() if "OpenVINO" in line]
+    assert len(notes) == 1 and "--target portable" in notes[0] and "peepholes" in notes[0], report_of(default).table()
+    assert not any("OpenVINO" in line for line in report_of(portable).notes()), report_of(portable).table()
     (row,) = report_of(portable).outcomes
     assert row.became == "Scan" and "peepholes" in row.reason, report_of(portable).table()
     path = str(tmp_path / "portable.onnx")
@@ -556,3 +568,23 @@ def test_stacked_scans_of_different_sizes_keep_their_own_shapes(flavor, dtype):
     got = helpers.ort_session(proto).run(None, {"x": xv})
     for g, w in zip(got, model(xv, training=False)):
         np.testing.assert_allclose(g, np.asarray(w), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("flavor", parity.FLAVORS)
+def test_the_report_reads_as_the_users_model(flavor):
+    """A built-in layer that is a Scan only for its activation says so; a Bidirectional Scan layer's two
+    rows carry their directions; the input axis a Scan steps through is named ``time`` though the output
+    drops it."""
+    from tf2onnx_rnn import convert_keras, report_of
+
+    K = parity.keras_module(flavor)
+    x = K.Input((None, FEATURES), name="x")
+    h = K.layers.Bidirectional(K.layers.SimpleRNN(4, activation="gelu", return_sequences=True), name="bi")(x)
+    model = K.Model(x, K.layers.GRU(3, activation="selu", name="last")(h))
+    report = report_of(convert_keras(model))
+    rows = {(row.layer, row.direction): row for row in report.outcomes}
+    assert set(rows) == {("bi", "forward"), ("bi", "backward"), ("last", "forward")}, report.table()
+    assert all(row.became == "Scan" for row in rows.values()), report.table()
+    assert rows["bi", "forward"].reason == "activation gelu: no ONNX recurrent node computes it", report.table()
+    assert rows["last", "forward"].reason == "activation selu: no ONNX recurrent node computes it", report.table()
+    assert report.dimensions.startswith("x[batch, time, "), report.dimensions

@@ -86,12 +86,14 @@ def _written_model_passes(model_proto: onnx.ModelProto, portable: bool = False) 
     steps of Scans declare no symbolic dimension names (``rewriters.scan.unnamed_step_dims``: tract
     refuses tf2onnx's own Scans otherwise), and a masked layer's outputs are gathered straight into
     batch-major order (``rewriters.emit.transposed_gathers``, which changes the graph only once it has
-    built the whole rewrite); in the ``portable`` form, ``ReverseSequence`` nodes become element gathers
-    (``rewriters.emit.gathered_reversal``: tract and onnx2torch lack the op); a float16 ``MatMul`` of a
-    time-major swap becomes the swap of the ``MatMul`` (``rewriters.emit.half_matmuls``: onnxruntime
+    built the whole rewrite); a ``ReverseSequence`` of every row's whole length becomes a ``Slice`` with
+    step -1 (``rewriters.emit.full_reversal``: tract and onnx2torch lack the op); in the ``portable`` form,
+    other ``ReverseSequence`` nodes become element gathers (``rewriters.emit.gathered_reversal``); a float16
+    ``MatMul`` of a time-major swap becomes the swap of the ``MatMul`` (``rewriters.emit.half_matmuls``: onnxruntime
     1.23-1.32 ends the process loading the former). A failure leaves what that pass would have changed,
     and says so."""
     try:
+        from .rewriters.emit.full_reversal import full_reversals_as_slices
         from .rewriters.emit.gathered_reversal import reverse_sequences_as_gathers
         from .rewriters.emit.half_matmuls import swap_half_matmuls
         from .rewriters.emit.if_branches import lean_branches
@@ -102,6 +104,7 @@ def _written_model_passes(model_proto: onnx.ModelProto, portable: bool = False) 
                        type(error).__name__, error, exc_info=True)
         return
     passes = [(unnamed_step_dims, "a Scan's step keeps its dimension names"),
+              (full_reversals_as_slices, "a ReverseSequence of every row's whole length stays"),
               (fold_transposed_gathers, "the outputs' transposes stay"),
               (lean_branches, "what only one branch of a mask's If reads stays outside it"),
               (swap_half_matmuls, "a float16 MatMul of a swap of axes 0 and 1 stays (onnxruntime 1.23-1.32 "

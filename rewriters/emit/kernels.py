@@ -155,6 +155,10 @@ class _Recurrence:
         return self.graph.make_node("ConstantOfShape", [shape], attr={
             "value": numpy_helper.from_array(np.zeros(1, self.np_dtype))}).output[0]
 
+    def reversed_whole(self, sequence: str) -> str:
+        return self.builder.make_slice({"data": sequence, "starts": [-1], "ends": [np.iinfo(np.int64).min],
+                                        "axes": [0], "steps": [-1]})
+
     def reversed_in_rows(self, sequence: str) -> str:
         return self.graph.make_node("ReverseSequence", [sequence, self.lengths],
                                     attr={"batch_axis": 1, "time_axis": 0}).output[0]
@@ -165,27 +169,27 @@ class _Recurrence:
         With lengths the Scan still runs over every step, unmasked (per step, a mask costs more than the
         step at batch 1); what ONNX defines is then taken from its outputs: each row's outputs up to its
         length (zeros after), and the state at its last step within it (zeros for an empty row). The
-        reverse direction runs forward over each row's steps reversed within its length."""
+        reverse direction runs forward over each row's steps reversed within its length (over the whole
+        sequence reversed by a Slice where no lengths are given): no Scan runs backwards, which tract
+        releases before September 2026 ignore."""
         hidden = self.hidden
         projected = self.graph.make_node("MatMul", [self.x, self.const("W_T", pass_.W.T.astype(self.np_dtype))])
         bias = (pass_.B[:hidden] + pass_.B[hidden:]).astype(self.np_dtype)
         xw = self.graph.make_node("Add", [projected.output[0], self.const("bias", bias)]).output[0]
         masked = bool(self.lengths)
-        if masked and backward:
-            xw = self.reversed_in_rows(xw)
-        reverse = [int(backward and not masked)]
+        reversal = self.reversed_in_rows if masked else self.reversed_whole
+        if backward:
+            xw = reversal(xw)
         scan = self.graph.make_node(
             "Scan", [initial or self.zeros, xw], output_count=2, name=utils.make_name(self.name + "_scan"),
-            attr={"body": _body(pass_, self.np_dtype), "num_scan_inputs": 1, "scan_input_directions": reverse,
-                  "scan_output_directions": reverse},
+            attr={"body": _body(pass_, self.np_dtype), "num_scan_inputs": 1},
             shapes=[[-1, hidden], [-1, -1, hidden]], dtypes=[self.dtype] * 2)
         h, y = scan.output
         if masked:
             zero = self.const("zero_h", np.zeros((), self.np_dtype))
             y = self.graph.make_node("Where", [self.mask, y, zero]).output[0]
             h = self.graph.make_node("GatherND", [y, self.last_steps]).output[0]
-            y = self.reversed_in_rows(y) if backward else y
-        return scan, y, h
+        return scan, reversal(y) if backward else y, h
 
     @property
     def last_steps(self) -> str:
