@@ -18,6 +18,7 @@ from typing import Optional
 
 import onnx
 
+from .consumers import consumer_notes
 from .cudnn_reference import checked_source
 from .dim_names import name_dimensions
 from .errors import ConversionError, VerificationError, first_line, param, raised_by_library
@@ -26,7 +27,7 @@ from .options import Options, check_tolerance
 from .output import LARGE_MODEL_KEY, check_output_path, save_model
 from .probes import check_loadable, fits_in_protobuf, stamp_ir_version
 from .reconcile import reconcile, recurrent_loops, unrolled_layers
-from .report import LOOP, ConversionReport
+from .report import LOOP, SCAN, ConversionReport
 from .shape_check import check_output_shapes
 from .sources import Frozen, Source
 from .sources.graph_def import Checkpoint, GraphDefFile
@@ -246,11 +247,13 @@ def convert(frozen: Frozen, options: Options) -> Conversion:
         report = training_form(model_proto, report)
     report.outcomes = [dataclasses.replace(o, stateful=True) if o.layer in frozen.stateful_layers else o
                        for o in report.outcomes]
+    report.outcomes = [_for_its_activations(o, frozen.inexpressible or {}) for o in report.outcomes]
     report.nchw_inputs, report.nchw_outputs = (tuple(nchw.get(f"{kind}_as_nchw", ())) for kind in ("inputs", "outputs"))
     if options.streaming:
         check_streamed(report)
     if not options.continue_on_error:
         check_lowered(report, frozen.lowered)
+    report.consumers = consumer_notes(model_proto, options.portable or options.training)
     stamp_ir_version(model_proto)
     report.attach(model_proto)
     logger.info("tf2onnx_rnn report:\n%s", report.table())
@@ -271,6 +274,15 @@ def _checked_feeds(model_proto: onnx.ModelProto) -> list:
         return check_feeds(model_proto)
     except ConversionError:  # an input type random inputs cannot be made of: the checks say so themselves
         return []
+
+
+def _for_its_activations(outcome, inexpressible: dict):
+    """A built-in layer written as a Scan because of its activations says so, not what a matcher found
+    amiss in the activation's ops."""
+    names = inexpressible.get(outcome.layer)
+    if not names or outcome.became != SCAN or outcome.reason.startswith("internal error"):
+        return outcome
+    return dataclasses.replace(outcome, reason=f"activation {', '.join(names)}: no ONNX recurrent node computes it")
 
 
 def check_lowered(report: ConversionReport, lowered: tuple) -> None:

@@ -4,7 +4,8 @@ An input's dynamic axis is named for what it is where that is known, else for wh
 
 - ``batch``: a Keras model's inputs at axis 0 (Keras feeds every input the same samples), and any
   input axis the graph carries, unchanged, to a recurrent node's batch axis;
-- ``time``: an input axis the graph carries to a recurrent node's sequence axis;
+- ``time``: an input axis the graph carries to a recurrent node's sequence axis, or to the axis a
+  ``Scan`` steps through (the Scan form's layers), whether or not an output keeps it;
 - ``<input>_dim<k>`` otherwise. Where two inputs have batch or time axes not known to be one
   (two sequences of their own lengths), each is ``<input>_batch`` / ``<input>_time``.
 
@@ -124,6 +125,14 @@ def _read_recurrent_nodes(symbols: dict, classes: _Classes) -> None:
     those reaching its sequence axis) with their role."""
     by_symbol = {f"__axis_{index}": axis for index, axis in enumerate(classes.axes)}
     for node, shapes in symbols.get("__nodes__", ()):
+        if node.op_type == "Scan":  # each scanned input's scanned axis (0 unless the node says)
+            scanned = list(node.input)[len(node.input) - (_attribute(node, "num_scan_inputs") or 0):]
+            axes = list(_attribute(node, "scan_input_axes") or [0] * len(scanned))
+            for name, axis in zip(scanned, axes):
+                x = shapes.get(name) or []
+                if -len(x) <= axis < len(x) and x[axis] in by_symbol:
+                    classes.union_all([by_symbol[x[axis]]], "time")
+            continue
         time_axis, batch_axis = (1, 0) if _attribute(node, "layout") == 1 else (0, 1)
         x = shapes.get(node.input[0]) or []
         batch = [x[batch_axis] if len(x) > batch_axis else None]
@@ -156,13 +165,15 @@ def _inferred(model_proto: onnx.ModelProto, axes: list) -> Optional[dict]:
             if _dynamic(dim):
                 dim.Clear()
     try:
-        inferred = onnx.shape_inference.infer_shapes(copy)
+        # with data propagation: a Scan form's hoisted work reshapes by shapes it computes
+        inferred = onnx.shape_inference.infer_shapes(copy, data_prop=True)
     except Exception as error:  # noqa: BLE001 - then no axis is named from the graph
         logger.info("dimension names without shape inference: %s: %s", type(error).__name__, error)
         return None
     shapes = {value.name: [_symbol(d) for d in _dims(value)]
               for value in list(inferred.graph.input) + list(inferred.graph.value_info) + list(inferred.graph.output)}
-    recurrent = [node for node in inferred.graph.node if node.op_type in _RECURRENT and node.domain in ("", "ai.onnx")]
+    recurrent = [node for node in inferred.graph.node
+                 if (node.op_type in _RECURRENT or node.op_type == "Scan") and node.domain in ("", "ai.onnx")]
     found = {"__nodes__": [(node, {name: shapes.get(name) for name in node.input}) for node in recurrent]}
     found.update({value.name: shapes.get(value.name) for value in inferred.graph.output})
     return found

@@ -26,6 +26,27 @@ def recurrent_layers(model) -> dict:
     return {layer: owner.get(id(layer), layer.name) for layer in found}
 
 
+# the activations, by Keras's names, that ONNX's LSTM, GRU and RNN nodes compute (with alpha and beta where
+# they take them: Keras 3's and tf_keras's hard_sigmoid are each one)
+_ONNX_ACTIVATIONS = frozenset({"tanh", "sigmoid", "relu", "hard_sigmoid", "softsign", "softplus", "linear", "elu",
+                               "leaky_relu"})
+_BUILT_IN = frozenset({"LSTM", "GRU", "SimpleRNN"})
+
+
+def inexpressible_activations(model) -> dict:
+    """Report name of each built-in LSTM, GRU or SimpleRNN layer -> the names of its activations no ONNX
+    recurrent node computes (``gelu``, ``selu``...), for the layers that have such."""
+    found: dict = {}
+    for layer, name in recurrent_layers(model).items():
+        if type(layer).__name__ not in _BUILT_IN:
+            continue
+        for attribute in ("activation", "recurrent_activation"):
+            label = getattr(getattr(layer.cell, attribute, None), "__name__", None)
+            if isinstance(label, str) and label not in _ONNX_ACTIVATIONS and label not in found.get(name, ()):
+                found[name] = found.get(name, ()) + (label,)
+    return found
+
+
 def stateful_layers(model) -> tuple:
     """Report names of the model's ``stateful=True`` recurrent layers."""
     return tuple(sorted({name for layer, name in recurrent_layers(model).items() if getattr(layer, "stateful", False)}))

@@ -47,6 +47,7 @@ class ConversionReport:
     nchw_inputs: tuple = ()  # inputs the model takes NCHW where its source takes NHWC
     nchw_outputs: tuple = ()  # outputs the model gives NCHW where its source gives NHWC
     dimensions: str = ""  # the inputs' and outputs' named dynamic dimensions, in one line (dim_names)
+    consumers: tuple = ()  # closing notes: what a known consumer computes otherwise than ONNX (consumers.py)
 
     @property
     def fused(self) -> list:
@@ -108,15 +109,17 @@ class ConversionReport:
 
     def notes(self) -> list:
         """What the user may want to know about the form chosen: one line each."""
+        notes = list(self.consumers)
         if any(o.became == "RNN" for o in self.outcomes):
-            return ["note: served in onnxruntime at batch 16 or more, SimpleRNN runs 2-3.5x faster with "
-                    "--target onnxruntime (a Scan; the RNN node is what other runtimes and training want)"]
-        return []
+            notes.append("note: served in onnxruntime at batch 16 or more, SimpleRNN runs 2-3.5x faster with "
+                         "--target onnxruntime (a Scan; the RNN node is what other runtimes and training want)")
+        return notes
 
     def to_json(self) -> str:
         return json.dumps({"loops": [asdict(o) for o in self.outcomes], "summary": self.summary(),
                            "checked": self.checked, "nchw_inputs": list(self.nchw_inputs),
-                           "nchw_outputs": list(self.nchw_outputs), "dimensions": self.dimensions})
+                           "nchw_outputs": list(self.nchw_outputs), "dimensions": self.dimensions,
+                           "consumers": list(self.consumers)})
 
     @classmethod
     def from_json(cls, text: str) -> "ConversionReport":
@@ -124,7 +127,8 @@ class ConversionReport:
         stored = json.loads(text)
         return cls([LoopOutcome(**{k: tuple(v) if k in lists else v for k, v in item.items()})
                     for item in stored["loops"]], stored.get("checked", ""), tuple(stored.get("nchw_inputs", ())),
-                   tuple(stored.get("nchw_outputs", ())), stored.get("dimensions", ""))
+                   tuple(stored.get("nchw_outputs", ())), stored.get("dimensions", ""),
+                   tuple(stored.get("consumers", ())))
 
     def attach(self, model_proto) -> None:
         """Store the report in ``model_proto.metadata_props`` (replacing an earlier one)."""

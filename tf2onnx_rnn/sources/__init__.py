@@ -32,6 +32,8 @@ class Frozen:
     layer_names: Callable[[str], Optional[str]] = lambda loop: None  # loop op name -> Keras layer
     shape_override: Optional[dict] = None
     stateful_layers: tuple = ()  # report names of Keras stateful=True recurrent layers
+    # report name of a Keras LSTM, GRU or SimpleRNN -> the activations of it no ONNX recurrent node computes
+    inexpressible: Optional[dict] = None
     traced: Optional[object] = None  # a Keras model's traced call (graph def, functions included): what it runs
     tflite_path: Optional[str] = None  # a TFLite file (then ``graph_def`` is None): tf2onnx reads it itself
     loops: Optional[list] = None  # the recurrent loops, when the source finds them (else read from graph_def)
