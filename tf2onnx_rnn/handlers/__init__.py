@@ -46,6 +46,9 @@ ConcatV2     ``associative_scan``)               around the axis, gathered or jo
                                                  fixed axis, reshaped back: exact
 StridedSlice an ellipsis, on a tensor whose      Slice with negative axes for the specs after
              rank is unknown (MinGRU)            the ellipsis, then Squeeze: exact
+BiasAdd      NCHW, the bias no constant where    the bias reshaped to ``[C, 1, ...]`` for the
+             it is added (tf_keras's channels-   value's rank (known, or read at run time):
+             first ConvLSTM2D: a loop's step)    exact
 Softsign,    float64 (onnxruntime runs the ONNX  elementary float64 ops, as TensorFlow's
 Softplus,    ops of these names in float32 only  kernels compute them (Softplus's two
 Elu, Selu,   below opset 18; its expansion from  thresholds and a log1p; Elu's and Selu's
@@ -116,13 +119,13 @@ def _wrappers() -> dict:
     ``applies(ctx, node)`` picks its case, ``convert(ctx, node)`` converts it; tf2onnx's handler
     converts every other node of the op."""
     from .double_activations import _DoubleElu, _DoubleLeakyRelu, _DoubleSelu, _DoubleSoftplus, _DoubleSoftsign
-    from .runtime_axes import _ConcatAtRuntimeAxis, _GatherAtRuntimeAxis, _StridedSliceOfUnknownRank
+    from .runtime_axes import _ChannelsFirstBias, _ConcatAtRuntimeAxis, _GatherAtRuntimeAxis, _StridedSliceOfUnknownRank
     from .spectra import _RFFT, _ComplexExpandDims, _ComplexMul, _ComplexPad, _ComplexShape
 
     return {"RFFT": _RFFT, "Mul": _ComplexMul, "ExpandDims": _ComplexExpandDims, "Pad": _ComplexPad,
             "Shape": _ComplexShape, "GatherV2": _GatherAtRuntimeAxis, "ConcatV2": _ConcatAtRuntimeAxis,
             "StridedSlice": _StridedSliceOfUnknownRank, "Softsign": _DoubleSoftsign, "Softplus": _DoubleSoftplus,
-            "Elu": _DoubleElu, "Selu": _DoubleSelu, "LeakyRelu": _DoubleLeakyRelu}
+            "Elu": _DoubleElu, "Selu": _DoubleSelu, "LeakyRelu": _DoubleLeakyRelu, "BiasAdd": _ChannelsFirstBias}
 
 
 def _wrap(opsets: dict, name: str, cls) -> bool:

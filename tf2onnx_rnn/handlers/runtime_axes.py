@@ -1,5 +1,5 @@
-"""GatherV2, ConcatV2 and StridedSlice where an axis or a rank is known only when the graph runs
-(the table in :mod:`tf2onnx_rnn.handlers`).
+"""GatherV2, ConcatV2 and StridedSlice where an axis or a rank is known only when the graph runs, and an
+NCHW BiasAdd whose bias a loop's step reads from outside (the table in :mod:`tf2onnx_rnn.handlers`).
 
 Why MinGRU needs the last three rows (mingru-keras 0.1.3 on Keras 3.15). Keras's TensorFlow
 ``associative_scan`` resolves the scan axis as ``tf.where(axis >= 0, axis, tf.rank(a) + axis)``,
@@ -119,3 +119,33 @@ class _StridedSliceOfUnknownRank:
             _replace(ctx, node, "Squeeze", [_op(ctx, "Slice", inputs), _ints(ctx, squeeze)])
         else:
             _replace(ctx, node, "Slice", inputs)
+
+
+class _ChannelsFirstBias:
+    """BiasAdd in NCHW of a bias that is no constant where it is added (a loop's step reads it from
+    outside: tf_keras's ConvLSTM2D with ``data_format="channels_first"``). tf2onnx's handler reshapes only
+    a constant bias to ``[C, 1, ...]``; any other it adds as it is, which broadcasts over the last axis
+    (wrong, and refused by ONNX's shape inference where the sizes differ). Here the bias is reshaped to
+    ``[C, 1, ...]`` for the value's rank, or, where the rank is unknown, for the rank the value has at run
+    time: exact."""
+
+    @staticmethod
+    def applies(ctx, node):
+        fmt = node.get_attr_value("data_format", b"NHWC")
+        fmt = fmt.decode() if isinstance(fmt, bytes) else fmt
+        return fmt == "NCHW" and not _is_const(ctx, node.input[1])
+
+    @staticmethod
+    def convert(ctx, node):
+        from onnx import TensorProto, numpy_helper
+
+        x, bias = node.input[0], node.input[1]
+        rank = ctx.get_rank(x)
+        if rank is not None:
+            shape = _ints(ctx, [-1] + [1] * (rank - 2))
+        else:
+            rank_left = _op(ctx, "Sub", [_op(ctx, "Shape", [_op(ctx, "Shape", [x])]), _ints(ctx, [2])])
+            ones = ctx.make_node("ConstantOfShape", [rank_left], attr={
+                "value": numpy_helper.from_array(np.array([1], np.int64))}, dtypes=[TensorProto.INT64]).output[0]
+            shape = _op(ctx, "Concat", [_ints(ctx, [-1]), ones], axis=0)
+        _replace(ctx, node, "Add", [x, _op(ctx, "Reshape", [bias, shape])])
