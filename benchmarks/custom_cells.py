@@ -184,27 +184,38 @@ def time_case(cell: str, batch: int, rounds: int, block: float) -> dict:
     x = make_input(cell, batch)
     want = np.asarray(model(x, training=False))
     protos = {"ours": convert_keras(model, opset=17), "floor": floor_model(cell, layer), "stock": stock_convert(model)}
+    runners, errors = runners_of(protos)
+    for name, run in runners.items():
+        if run is not None:
+            error = float(np.max(np.abs(np.asarray(run(x)) - want)))
+            if error > 1e-4:
+                raise AssertionError(f"{cell} b{batch} {name} differs from Keras by {error:.3g}")
+    return timed(f"{cell}, batch {batch}", runners, x, rounds, block, errors)
+
+
+def runners_of(protos: dict) -> tuple:
+    """(``{"ort <name>" / "openvino <name>": a function of the input giving the first output, or None where
+    OpenVINO does not load it}``, ``{name: why OpenVINO does not load it}``) for each model of ``protos``."""
     runners, errors = {}, {}
     for name, proto in protos.items():
         session = ort_session(proto)
         feed = session.get_inputs()[0].name
         runners[f"ort {name}"] = lambda v, s=session, f=feed: s.run(None, {f: v})[0]
         ov = openvino_run(proto)
-        if callable(ov):
-            runners[f"openvino {name}"] = ov
-        else:
-            runners[f"openvino {name}"] = None
+        runners[f"openvino {name}"] = ov if callable(ov) else None
+        if not callable(ov):
             errors[name] = ov
-    for name, run in runners.items():
-        if run is not None:
-            error = float(np.max(np.abs(np.asarray(run(x)) - want)))
-            if error > 1e-4:
-                raise AssertionError(f"{cell} b{batch} {name} differs from Keras by {error:.3g}")
+    return runners, errors
+
+
+def timed(case: str, runners: dict, x, rounds: int, block: float, errors: dict) -> dict:
+    """The median milliseconds of each runner that loaded (None: it did not), interleaved round by round;
+    stock's OpenVINO entry says why where it did not load (``errors``)."""
     samples = {name: [] for name, run in runners.items() if run is not None}
     for _ in range(rounds):  # interleaved: every runner once per round
         for name in samples:
             samples[name].append(median_ms(runners[name], x, 1, block))
-    result = {"case": f"{cell}, batch {batch}"}
+    result = {"case": case}
     result.update({name: statistics.median(values) for name, values in samples.items()})
     result["openvino stock"] = result.get("openvino stock") or errors.get("stock", "does not load")
     return result

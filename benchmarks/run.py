@@ -464,7 +464,7 @@ def depth_table(depths: list) -> str:
                for row in depths for converter in ("ours", "stock")}
     lines = ["Conversion time against depth, SimpleRNN(16) stacks (seconds, one conversion in a fresh process):", "",
              "| layers | ours native | ours Scan form | Scan form/native | ours Scan form/previous depth "
-             "| stock native | stock Loops |", "|---|---|---|---|---|---|---|"]
+             "| stock (tanh) | stock (gelu) |", "|---|---|---|---|---|---|---|"]
     previous = None
     for depth in DEPTHS:
         if (depth, "gelu", "ours") not in seconds:
