@@ -5,7 +5,7 @@ convolutions run once over every step as one ``Conv`` (time folded into the batc
 concatenated), the four recurrent ones are one ``Conv`` per step, and the states are carried channels-first,
 so no step transposes anything. Each option Keras has (padding, strides, dilation, both data formats, no
 bias, other activations, sequences and states returned, go_backwards, Bidirectional in every merge mode,
-stacks, masks, fixed signatures, mixed_float16), in Keras 3 and tf_keras: equal to Keras in onnxruntime
+stacks, masks, fixed signatures, mixed_float16 and float16), in Keras 3 and tf_keras: equal to Keras in onnxruntime
 (dynamic batch and time, a batch unlike the time length, batch 1), no Loop, no per-step Transpose, no
 ``ReverseSequence`` and no backwards Scan; the Keras 3 models also in OpenVINO (f32) and tract.
 """
@@ -63,6 +63,7 @@ CASES = (
     Case("2d-masked", "ConvLSTM2D", (6, 5, 3), _SAME + (("return_sequences", True),), masked=True),
     Case("2d-fixed", "ConvLSTM2D", (6, 5, 3), _SAME + (("return_sequences", True),), fixed=(2, 4)),
     Case("2d-mixed-float16", "ConvLSTM2D", (6, 5, 3), _SAME, policy="mixed_float16"),
+    Case("2d-float16", "ConvLSTM2D", (6, 5, 3), _SAME + (("return_sequences", True),), policy="float16"),
     Case("3d", "ConvLSTM3D", (4, 5, 3, 2), (("filters", 2),) + _SAME + (("return_sequences", True),)),
     Case("3d-bidirectional", "ConvLSTM3D", (4, 5, 3, 2), (("filters", 2),) + _SAME, wrap="bidirectional-concat",
          scans=2),
@@ -157,8 +158,9 @@ def test_equals_keras_in_onnxruntime(flavor, case):
 @pytest.mark.parametrize("flavor, case", PARAMS)
 def test_is_a_lean_scan(flavor, case):
     """No Loop; one Scan per layer direction; each step one Conv (the four gates' recurrent ones: the
-    input's run once over every step, as one Conv per Scan) and, unmasked, no Transpose; no ReverseSequence and no Scan running backwards;
-    the report's rows say ConvLSTM, their direction, and what was hoisted."""
+    input's run once over every step, as one Conv per Scan) and, unmasked, no Transpose; no
+    ReverseSequence and no Scan running backwards; the report's rows say ConvLSTM, their direction, and
+    what was hoisted."""
     entry = _entry(flavor, case)
     ops = helpers.op_counts(entry.proto)
     table = parity.report_table(entry.proto)
