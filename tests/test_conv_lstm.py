@@ -5,9 +5,10 @@ convolutions run once over every step as one ``Conv`` (time folded into the batc
 concatenated), the four recurrent ones are one ``Conv`` per step, and the states are carried channels-first,
 so no step transposes anything. Each option Keras has (padding, strides, dilation, both data formats, no
 bias, other activations, sequences and states returned, go_backwards, Bidirectional in every merge mode,
-stacks, masks, fixed signatures, mixed_float16 and float16), in Keras 3 and tf_keras: equal to Keras in onnxruntime
-(dynamic batch and time, a batch unlike the time length, batch 1), no Loop, no per-step Transpose, no
-``ReverseSequence`` and no backwards Scan; the Keras 3 models also in OpenVINO (f32) and tract.
+stacks, masks, fixed signatures, mixed_float16 and float16), in Keras 3 and tf_keras: equal to Keras in
+onnxruntime (dynamic batch and time, a batch unlike the time length, batch 1), no Loop, no per-step
+Transpose, no ``ReverseSequence`` and no backwards Scan; every float32 model also in OpenVINO (f32) and
+tract. Stateful and streamed layers carry their states in and out, chunk by chunk as Keras calls them.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 import pytest
+from onnx import numpy_helper
 
 import helpers
 import parity
@@ -158,7 +160,7 @@ def test_equals_keras_in_onnxruntime(flavor, case):
 @pytest.mark.parametrize("flavor, case", PARAMS)
 def test_is_a_lean_scan(flavor, case):
     """No Loop; one Scan per layer direction; each step one Conv (the four gates' recurrent ones: the
-    input's run once over every step, as one Conv per Scan) and, unmasked, no Transpose; no
+    input's run once over every step, as one Conv per Scan) and no Transpose (a mask's tile too); no
     ReverseSequence and no Scan running backwards; the report's rows say ConvLSTM, their direction, and
     what was hoisted."""
     entry = _entry(flavor, case)
@@ -173,8 +175,7 @@ def test_is_a_lean_scan(flavor, case):
             assert not any(helpers.attribute(scan, name) or ()), f"{scan.name} runs backwards"
         body = helpers.op_counts(helpers.attribute(scan, "body"))
         assert body["Conv"] == 1, f"{scan.name}: {dict(body)}"
-        if not case.masked:
-            assert body["Transpose"] == 0, f"{scan.name}: {dict(body)}"
+        assert body["Transpose"] == 0, f"{scan.name}: {dict(body)}"
     # the input's four convolutions: one Conv over every step (time folded into the batch by a Reshape);
     # Keras may convolve once more outside the loop (tf_keras its zero initial state, Keras 3 a masked
     # layer's first step)
@@ -199,16 +200,17 @@ def test_is_a_lean_scan(flavor, case):
         assert "1 Conv among them" in row.form and "convolution" in row.reason, report.table()
 
 
-_DOWNSTREAM = [pytest.param(case, id=case.id) for case in CASES if not case.policy]
+_DOWNSTREAM = [pytest.param(flavor, case, id=f"{case.id}-{flavor}") for case in CASES if not case.policy
+               for flavor in parity.FLAVORS]
 
 
-@pytest.mark.parametrize("case", _DOWNSTREAM)
-def test_loads_and_equals_keras_in_openvino_and_tract(case, tmp_path):
-    """The Keras 3 models in OpenVINO (f32) and tract, within 1e-4 of Keras (tract with the shapes fixed: it
-    reads a Slice reversing a symbolic time length as 2**62 steps)."""
+@pytest.mark.parametrize("flavor, case", _DOWNSTREAM)
+def test_loads_and_equals_keras_in_openvino_and_tract(flavor, case, tmp_path):
+    """Every float32 model in OpenVINO (f32) and tract, within 1e-4 of Keras (tract with the shapes fixed:
+    it reads a Slice reversing a symbolic time length as 2**62 steps)."""
     openvino = pytest.importorskip("openvino")
     tract = pytest.importorskip("tract")
-    entry = _entry(parity.FLAVORS[0], case)
+    entry = _entry(flavor, case)
     path = str(tmp_path / "model.onnx")
     onnx.save(entry.proto, path)
     batch, time = case.fixed or (3, 5)
@@ -228,3 +230,78 @@ def test_loads_and_equals_keras_in_openvino_and_tract(case, tmp_path):
         assert len(got) == len(want), runtime
         for g, w in zip(got, want):
             assert float(np.max(np.abs(g - w))) <= 1e-4, f"{runtime}: {np.max(np.abs(g - w)):.3g}"
+
+
+# -- stateful and streamed --------------------------------------------------------------------------
+
+CHUNKS = (3, 1, 2)
+
+
+@pytest.mark.parametrize("flavor", parity.FLAVORS)
+def test_a_stateful_conv_lstm_streams_as_keras_calls_it(flavor):
+    """A ``stateful=True`` ConvLSTM2D converts with its states as inputs (defaulting to Keras's zeros) and
+    outputs, Keras's layout; fed chunk by chunk, each chunk's states the last one's, it gives what the
+    stateful Keras model gives call by call."""
+    from tf2onnx_rnn import convert_keras
+
+    K = parity.keras_module(flavor)
+    x = K.Input((None, 6, 5, 3), batch_size=2, name="x")
+    layer = K.layers.ConvLSTM2D(4, 3, padding="same", stateful=True, return_sequences=True, name="conv_lstm")
+    model = K.Model(x, layer(x))
+    parity.randomize_weights(model, 5, scale=0.3)
+    model_proto = convert_keras(model)
+    (row,) = report_of(model_proto).outcomes
+    assert row.state_inputs == ("conv_lstm/h_in", "conv_lstm/c_in"), report_of(model_proto).table()
+    assert row.state_outputs == ("conv_lstm/h_out", "conv_lstm/c_out"), report_of(model_proto).table()
+    defaults = {t.name: numpy_helper.to_array(t) for t in model_proto.graph.initializer if t.name in row.state_inputs}
+    assert set(defaults) == set(row.state_inputs) and all(v.shape == (2, 6, 5, 4) and not v.any()
+                                                           for v in defaults.values())
+    data = np.random.default_rng(3).standard_normal((2, sum(CHUNKS), 6, 5, 3)).astype(np.float32)
+    layer.reset_states()
+    session = helpers.ort_session(model_proto)
+    names = [o.name for o in session.get_outputs()]
+    states, start = {}, 0  # the first call takes the defaults
+    for size in CHUNKS:
+        chunk = data[:, start:start + size]
+        result = dict(zip(names, session.run(None, {"x": chunk, **states})))
+        want = np.asarray(model(chunk, training=False))
+        assert float(np.max(np.abs(result[names[0]] - want))) <= 1e-5, f"chunk at {start}"
+        states = {name: result[out] for name, out in zip(row.state_inputs, row.state_outputs)}
+        start += size
+
+
+@pytest.mark.parametrize("flavor", parity.FLAVORS)
+def test_streaming_a_conv_lstm(flavor):
+    """``streaming=True``: a masked ConvLSTM1D chunk by chunk from zeros equals Keras on the whole sequence
+    (Keras 3; tf_keras's ConvLSTM takes no mask: unmasked there); a Bidirectional one is refused, naming
+    the backward pass."""
+    from tf2onnx_rnn import ConversionError, convert_keras
+
+    K = parity.keras_module(flavor)
+    x = K.Input((None, 7, 3), name="x")
+    masked = flavor == parity.FLAVORS[0]
+    h = K.layers.Masking(0.0)(x) if masked else x
+    model = K.Model(x, K.layers.ConvLSTM1D(4, 3, padding="same", return_sequences=True, name="conv_lstm")(h))
+    parity.randomize_weights(model, 6, scale=0.3)
+    model_proto = convert_keras(model, streaming=True)
+    (row,) = report_of(model_proto).outcomes
+    assert row.became == "Scan" and len(row.state_outputs) >= 2, report_of(model_proto).table()
+    dims = {i.name: [d.dim_value or None for d in i.type.tensor_type.shape.dim] for i in model_proto.graph.input}
+    data = np.random.default_rng(4).standard_normal((3, sum(CHUNKS), 7, 3)).astype(np.float32)
+    if masked:
+        data[1, 4:] = 0.0  # a post-padded row
+        data[2, 2] = 0.0  # a hole
+    states = {name: np.zeros([3] + dims[name][1:], np.float32) for name in row.state_inputs}
+    session = helpers.ort_session(model_proto)
+    names = [o.name for o in session.get_outputs()]
+    outputs, start = [], 0
+    for size in CHUNKS:
+        result = dict(zip(names, session.run(None, {"x": data[:, start:start + size], **states})))
+        outputs.append(result[names[0]])
+        states = {name: result[out] for name, out in zip(row.state_inputs, row.state_outputs)}
+        start += size
+    whole = np.asarray(model(data, training=False))
+    assert float(np.max(np.abs(np.concatenate(outputs, axis=1) - whole))) <= 1e-5
+    both = K.Model(x, K.layers.Bidirectional(K.layers.ConvLSTM1D(2, 3, padding="same"), name="both_ways")(x))
+    with pytest.raises(ConversionError, match="cannot stream.*both_ways.*backward pass"):
+        convert_keras(both, streaming=True)

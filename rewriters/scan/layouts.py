@@ -27,6 +27,7 @@ import onnx
 from onnx import helper
 
 from .graph_index import TypeTable, attribute, fresh, reads, subgraphs
+from .siblings import once
 
 _ELEMENTWISE = frozenset({
     "Abs", "Acos", "Acosh", "Asin", "Asinh", "Atan", "Atanh", "Ceil", "Cos", "Cosh", "Elu", "Erf", "Exp", "Floor",
@@ -103,8 +104,40 @@ def _laid(body: list, states: list, step_outputs: list, chosen: dict, types: Typ
         _typed(types, written, output, _inverse(perm))
         layouts.outputs[output] = (written, perm)
     kept = {layouts.outputs[o][0] if o in layouts.outputs else o for o in outputs}
-    layouts.nodes = _live(_without_identities(nodes, kept), kept)
+    nodes = once(_without_identities(nodes, kept), value, lambda name: name in kept)  # a mask tiled once
+    layouts.nodes = _live(_outputs_made_in_place(nodes, kept), kept)
     return layouts
+
+
+def _outputs_made_in_place(nodes: list, kept: set) -> list:
+    """Each ``Identity`` giving a step output (``kept``) of a tensor the step makes, read nowhere else and no
+    output itself, left out: the node making the tensor makes the output under its name."""
+    producer = {out: node for node in nodes for out in node.output}
+    readers: dict = {}
+    for node in nodes:
+        for name in reads(node):
+            readers[name] = readers.get(name, 0) + 1
+    renamed = {}
+    for node in nodes:
+        if node.op_type != "Identity" or node.output[0] not in kept or node.input[0] in kept:
+            continue
+        source = producer.get(node.input[0])
+        if source is None or readers.get(node.input[0]) != 1 or source.op_type == "Identity" or subgraphs(source):
+            continue
+        renamed[node.input[0]] = node.output[0]
+    if not renamed:
+        return nodes
+    result = []
+    for node in nodes:
+        if node.op_type == "Identity" and node.input[0] in renamed and node.output[0] == renamed[node.input[0]]:
+            continue
+        if any(out in renamed for out in node.output):
+            copy = onnx.NodeProto()
+            copy.CopyFrom(node)
+            copy.output[:] = [renamed.get(out, out) for out in node.output]
+            node = copy
+        result.append(node)
+    return result
 
 
 def _transposes(nodes: list) -> int:
@@ -265,14 +298,14 @@ def _sunk(node: onnx.NodeProto, producer: dict, types: TypeTable, value: Callabl
     perm = list(perms.pop())
     if not perm:
         return None
-    inputs = []
+    inputs, made = [], []
     for name, made_by in zip(node.input, transposed):
         if not name:
             inputs.append(name)
         elif made_by is not None and made_by.op_type == "Transpose":
             inputs.append(made_by.input[0])
         else:
-            same = _untransposed(name, perm, types, value, const)
+            same = _untransposed(name, perm, types, value, const) or _tiled(made_by, perm, types, value, const, made)
             if same is None:
                 return None
             inputs.append(same)
@@ -281,7 +314,28 @@ def _sunk(node: onnx.NodeProto, producer: dict, types: TypeTable, value: Callabl
                              domain=node.domain)
     moved.attribute.extend(node.attribute)
     _typed(types, untransposed, node.output[0], perm, inverse=True)
-    return [moved, _transpose(untransposed, node.output[0], perm)]
+    return made + [moved, _transpose(untransposed, node.output[0], perm)]
+
+
+def _tiled(node: Optional[onnx.NodeProto], perm: list, types: TypeTable, value: Callable, const: Callable,
+           made: list) -> Optional[str]:
+    """A ``Tile(x, reps)`` operand (a mask Keras tiles to the state's shape), as read beside tensors
+    untransposed: ``x`` tiled by ``reps`` in the untransposed order, where the transpose moves only axes of
+    size one of ``x`` (so ``x`` reads the same either way); the new Tile goes to ``made``. Else None."""
+    if node is None or node.op_type != "Tile" or len(node.input) != 2:
+        return None
+    reps, shape = value(node.input[1]), types.shape(node.input[0])
+    if reps is None or shape is None or len(shape) != len(perm) or reps.size != len(perm):
+        return None
+    inverse = _inverse(perm)
+    if any(shape[axis] != 1 for axis, p in enumerate(inverse) if p != axis):
+        return None
+    reps = [int(r) for r in np.asarray(reps).reshape(-1)]
+    tiled = fresh(node.output[0])
+    times = const(np.array([reps[q] for q in inverse], np.int64), node.input[1])
+    made.append(helper.make_node("Tile", [node.input[0], times], [tiled], name=fresh(node.name or "Tile")))
+    _typed(types, tiled, node.output[0], inverse)
+    return tiled
 
 
 def _untransposed(name: str, perm: list, types: TypeTable, value: Callable, const: Callable) -> Optional[str]:

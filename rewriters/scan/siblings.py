@@ -31,7 +31,7 @@ def fuse_siblings(body: list, value: Callable[[str], Optional[np.ndarray]], cons
     each channel of a Conv's output alone (tf2onnx writes Keras's bias so) is the Conv's own bias."""
     constants = _Constants(_folding(body, value, opset), const)
     value, const = constants.value, constants.const
-    body = _biased(_once(body, value, keep), value, const, keep)
+    body = _biased(once(body, value, keep), value, const, keep)
     groups: dict = {}
     for position, node in enumerate(body):
         key = _key(node, value)
@@ -69,7 +69,7 @@ class _Constants:
         return name
 
 
-def _once(body: list, value: Callable, keep: Callable[[str], bool]) -> list:
+def once(body: list, value: Callable, keep: Callable[[str], bool]) -> list:
     """``body`` with each node that repeats an earlier one (the same op and attributes, reading the same
     tensors or constants of the same value) left out, its readers reading the earlier one's output:
     tf2onnx writes each of Keras's one-dimensional convolutions with its own ``Unsqueeze`` and ``Transpose``
