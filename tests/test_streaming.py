@@ -203,8 +203,41 @@ def test_what_cannot_stream_is_refused_naming_the_layer(flavor):
     assert "cannot stream" in message and "both_ways" in message and "backward pass" in message
     message = _refusal(flavor, lambda K: K.layers.LSTM(3, go_backwards=True, name="backwards"))
     assert "backwards" in message and "backward pass" in message
-    message = _refusal(flavor, lambda K: K.layers.SimpleRNN(3, activation="selu", name="selu_rnn"))
-    assert "cannot stream" in message and "selu_rnn" in message
+    message = _refusal(flavor, lambda K: K.layers.Bidirectional(K.layers.SimpleRNN(3, activation="selu"),
+                                                                name="selu_both"))
+    assert "cannot stream" in message and "selu_both" in message and "backward pass" in message
+
+
+@pytest.mark.parametrize("flavor", parity.FLAVORS)
+@pytest.mark.parametrize("masked", [False, True], ids=["plain", "masked"])
+def test_a_scan_form_layer_streams_chunk_by_chunk(flavor, masked):
+    """Layers no native node computes (a selu SimpleRNN, a gelu LSTM) are Scans of their own step whose
+    carried states stream: chunk by chunk from zeros equals Keras on the whole sequence."""
+    K = parity.keras_module(flavor)
+    x = K.Input((None, FEATURES), name="x")
+    h = K.layers.Masking(0.0)(x) if masked else x
+    h = K.layers.SimpleRNN(3, activation="selu", return_sequences=True, name="selu_simple_rnn")(h)
+    model = K.Model(x, K.layers.LSTM(2, activation="gelu", return_sequences=True, name="gelu_lstm")(h))
+    parity.randomize_weights(model, zlib.crc32(f"stream-scan/{flavor}/{masked}".encode()))
+    model_proto = tf2onnx_rnn.convert_keras(model, streaming=True)
+    rows = tf2onnx_rnn.report_of(model_proto).outcomes
+    assert [row.became for row in rows] == ["Scan", "Scan"] and all(row.state_outputs for row in rows)
+    if not masked:
+        assert [row.state_inputs for row in rows] == [("selu_simple_rnn/h_in",), ("gelu_lstm/h_in", "gelu_lstm/c_in")]
+    pairs = {i: o for row in rows for i, o in zip(row.state_inputs, row.state_outputs)}
+    dims = {i.name: [d.dim_value or None for d in i.type.tensor_type.shape.dim] for i in model_proto.graph.input}
+    data = sequence("masked-sequences" if masked else "stack-sequences")
+    states = {name: np.zeros([data.shape[0]] + dims[name][1:], np.float32) for name in pairs}
+    session = helpers.ort_session(model_proto)
+    names = [o.name for o in session.get_outputs()]
+    outputs, start = [], 0
+    for size in CHUNKS:
+        result = dict(zip(names, session.run(None, {"x": data[:, start:start + size], **states})))
+        outputs.append(result[names[0]])
+        states = {name: result[pairs[name]] for name in pairs}
+        start += size
+    whole = np.asarray(model(data, training=False))
+    np.testing.assert_allclose(np.concatenate(outputs, axis=1), whole, rtol=0, atol=TOLERANCE)
 
 
 @pytest.mark.parametrize("flavor", parity.FLAVORS)

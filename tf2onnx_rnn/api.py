@@ -248,6 +248,9 @@ def convert(frozen: Frozen, options: Options) -> Conversion:
     report.outcomes = [dataclasses.replace(o, stateful=True) if o.layer in frozen.stateful_layers else o
                        for o in report.outcomes]
     report.outcomes = [_for_its_activations(o, frozen.inexpressible or {}) for o in report.outcomes]
+    kinds = frozen.layer_kinds or {}  # a row whose scopes named no kind: the Keras layer's class
+    report.outcomes = [dataclasses.replace(o, kind=kinds[o.layer]) if o.kind == "unknown" and o.layer in kinds
+                       else o for o in report.outcomes]
     report.nchw_inputs, report.nchw_outputs = (tuple(nchw.get(f"{kind}_as_nchw", ())) for kind in ("inputs", "outputs"))
     if options.streaming:
         check_streamed(report)
@@ -282,7 +285,9 @@ def _for_its_activations(outcome, inexpressible: dict):
     names = inexpressible.get(outcome.layer)
     if not names or outcome.became != SCAN or outcome.reason.startswith("internal error"):
         return outcome
-    return dataclasses.replace(outcome, reason=f"activation {', '.join(names)}: no ONNX recurrent node computes it")
+    kept = outcome.reason[outcome.reason.find("; cannot stream"):] if "; cannot stream" in outcome.reason else ""
+    return dataclasses.replace(outcome, reason=f"activation {', '.join(names)}: no ONNX recurrent node computes "
+                                               f"it{kept}")
 
 
 def check_lowered(report: ConversionReport, lowered: tuple) -> None:
@@ -300,7 +305,7 @@ def check_streamed(report: ConversionReport) -> None:
     :class:`ConversionError` naming each layer that cannot and why."""
     refused: dict = {}  # (layer, kind, why) -> directions, once per layer however many loops it has
     for o in report.outcomes:
-        if o.own_step:  # a Scan carries what its step carries: which of that are the layer's states is unknown
+        if o.own_step and not o.state_outputs:  # a Scan whose carried states could not be streamed
             refused.setdefault((o.layer, o.kind, "written as a Scan of its own step, whose states are not streamed "
                                 f"(no native node: {o.reason})"), []).append(o.direction)
         elif not o.state_outputs:

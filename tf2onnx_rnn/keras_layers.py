@@ -47,6 +47,11 @@ def inexpressible_activations(model) -> dict:
     return found
 
 
+def layer_kinds(model) -> dict:
+    """Report name of each recurrent layer -> its Keras class's name (a Bidirectional's: its layer's)."""
+    return {name: type(layer).__name__ for layer, name in recurrent_layers(model).items()}
+
+
 def stateful_layers(model) -> tuple:
     """Report names of the model's ``stateful=True`` recurrent layers."""
     return tuple(sorted({name for layer, name in recurrent_layers(model).items() if getattr(layer, "stateful", False)}))

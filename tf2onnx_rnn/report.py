@@ -97,6 +97,9 @@ class ConversionReport:
             elif o.own_step:
                 details = f"{o.form}; no native node: {o.reason}"
                 details += f"; mask: {o.mask}" if o.mask else ""
+                if o.state_outputs:
+                    details += f"; states in: {', '.join(i or '(the model gives it)' for i in o.state_inputs)}"
+                    details += f", out: {', '.join(o.state_outputs)}"
             else:
                 details = o.reason + (f" (at {o.where})" if o.where else "")
             rows.append((o.layer, o.kind, o.direction or "-", o.became, details))

@@ -51,10 +51,10 @@ def to_onnx(frozen: Frozen, options: Options) -> tuple:
             raise ConversionError(f"tf2onnx cannot convert this model: {type(error).__name__}: "
                                   f"{first_line(error)}") from error
     _check_fused_ops(frozen, findings)
-    if not options.defaults_states:
-        drop_state_defaults(model_proto, findings)
     _check_nchw(_io_ranks(model_proto), nchw)
-    _scan_form(model_proto, findings)
+    _scan_form(model_proto, findings, bool(options.streaming))
+    if not options.defaults_states:  # the Scan form's streamed states too
+        drop_state_defaults(model_proto, findings)
     _written_model_passes(model_proto, options.portable)
     return model_proto, nchw, findings
 
@@ -69,13 +69,14 @@ def drop_state_defaults(model_proto: onnx.ModelProto, findings: Findings) -> Non
     model_proto.graph.initializer.extend(kept)
 
 
-def _scan_form(model_proto: onnx.ModelProto, findings: Findings) -> None:
+def _scan_form(model_proto: onnx.ModelProto, findings: Findings, streaming: bool = False) -> None:
     """The recurrent loops no native node computes, each as a Scan of its own step where it is a per-step
-    map (``rewriters.scan``); a failure to even start leaves every loop the exact Loop it is."""
+    map (``rewriters.scan``), its states streamed in and out with ``streaming``; a failure to even start
+    leaves every loop the exact Loop it is."""
     try:
         from .rewriters.scan import scan_loops
 
-        scan_loops(model_proto, findings)
+        scan_loops(model_proto, findings, streaming)
     except Exception as error:  # noqa: BLE001 - the Loops stay, exact; their rows say they are Loops
         logger.warning("recurrent loops stay Loops: internal error while writing the Scan form: %s: %s",
                        type(error).__name__, error, exc_info=True)

@@ -24,12 +24,14 @@ from .graph_index import Scope, TypeTable, attribute, reads, subgraphs, upstream
 from .lengths import Lengths
 from .loop_reading import paddings, read_loop, read_scan
 from .rewrite import Written, write_scan
+from .streaming import stream_states
 
 logger = logging.getLogger("tf2onnx_rnn")
 
-def scan_loops(model: onnx.ModelProto, findings: Findings) -> list:
+def scan_loops(model: onnx.ModelProto, findings: Findings, streaming: bool = False) -> list:
     """Rewrite every recurrent Loop of ``model`` that stays a Loop in ``findings`` as a Scan where it is
-    a per-step map, updating its row; the :class:`Written` rewrites."""
+    a per-step map, updating its row; the :class:`Written` rewrites. With ``streaming``, each Scan's
+    carried states become model inputs and outputs (:mod:`.streaming`), where they can."""
     rows = {row.loop: index for index, row in enumerate(findings.outcomes) if row.became == LOOP}
     if not rows:
         return []
@@ -55,10 +57,12 @@ def scan_loops(model: onnx.ModelProto, findings: Findings) -> list:
             scope = Scope(model.graph, held_reads=held_reads)
             loop_map = (read_loop if op == "Loop" else read_scan)(node, scope, types)
             computed = {n.name for n in upstream(node.input, scope.producer)[1].values()}  # its trip count, test
-            done = write_scan(node, loop_map, scope, types, opset)
+            done = write_scan(node, loop_map, scope, types, opset, every_final=streaming)
             scanned = dataclasses.replace(row, became=SCAN, node=done.loop, own_step=True,
                                           direction=_direction(loop_map, scope), reason=_reason(row),
                                           form=f"a Scan of the loop's own step ({_hoisted_text(done, loop_map)})")
+            if streaming:
+                scanned = _streamed(done, scanned, scope, types)
         except NoMatch as no_match:
             _restore(model.graph, before, initializers)
             findings.outcomes[index] = dataclasses.replace(
@@ -163,6 +167,16 @@ def _drop_unused_initializers(graph: onnx.GraphProto, readers: dict) -> None:
     if len(kept) < len(graph.initializer):
         del graph.initializer[:]
         graph.initializer.extend(kept)
+
+
+def _streamed(done: Written, row, scope: Scope, types: TypeTable):
+    """``row`` with its Scan's states streamed in and out, or saying why they cannot be (the conversion
+    then refuses to stream, naming the layer)."""
+    try:
+        state_inputs, state_outputs = stream_states(done, row, scope, types)
+    except NoMatch as no_match:
+        return dataclasses.replace(row, reason=f"{row.reason}; {no_match.reason}")
+    return dataclasses.replace(row, state_inputs=state_inputs, state_outputs=state_outputs)
 
 
 def _reason(row) -> str:

@@ -38,10 +38,15 @@ class Written:
     lifted: dict = field(default_factory=dict)  # op type -> how many of the hoisted nodes were products of it
     merged: int = 0  # products merged into a sibling's node
     laid_out: int = 0  # states carried in another layout
+    state_starts: tuple = ()  # each carried state's outer start, as the loop read it
+    state_ends: tuple = ()  # each carried state's outer last value (present where used, or every_final)
+    state_shapes: tuple = ()  # each carried state's shape at a step, as the loop's body declares it
 
 
-def write_scan(loop: onnx.NodeProto, loop_map: LoopMap, scope: Scope, types: TypeTable, opset: int) -> Written:
-    """Replace ``loop`` in ``scope``'s graph by the Scan of its step."""
+def write_scan(loop: onnx.NodeProto, loop_map: LoopMap, scope: Scope, types: TypeTable, opset: int,
+               every_final: bool = False) -> Written:
+    """Replace ``loop`` in ``scope``'s graph by the Scan of its step; with ``every_final``, every carried
+    state's last value is given in the layout the loop gives it (the states streamed out)."""
     body = onnx.GraphProto()
     body.CopyFrom(attribute(loop, "body"))
     outer_nodes, initializers = [], _promoted_initializers(body, scope)
@@ -90,6 +95,7 @@ def write_scan(loop: onnx.NodeProto, loop_map: LoopMap, scope: Scope, types: Typ
     if untyped:
         raise NoMatch("the element type of a value the step carries or reads is not known", untyped[0])
     finals = [state.final or fresh("final_state") for state in loop_map.states] + [fresh("passed") for _ in passed]
+    state_ends = tuple(finals[:len(loop_map.states)])  # each carried state's last value, as the loop lays it out
     initials = [state.initial for state in loop_map.states] + [outer for outer, _, _ in passed]
     sequences = [final for _, final in loop_map.step_outputs]
     after = []
@@ -100,7 +106,7 @@ def write_scan(loop: onnx.NodeProto, loop_map: LoopMap, scope: Scope, types: Typ
             outer_nodes.append(helper.make_node("Transpose", [initial], [initials[index]], name=fresh("layout_in"),
                                                 perm=perm))
             final, finals[index] = finals[index], fresh(finals[index])
-            if scope.used(final):
+            if scope.used(final) or every_final:
                 after.append(helper.make_node("Transpose", [finals[index]], [final], name=fresh("layout_out"),
                                               perm=layouts.outputs[unlaid[index]][1]))
     for index, step_output in enumerate(unlaid[len(loop_map.states):]):  # a per-step output stacked untransposed
@@ -118,7 +124,9 @@ def write_scan(loop: onnx.NodeProto, loop_map: LoopMap, scope: Scope, types: Typ
     scope.graph.initializer.extend(initializers)
     lifted = {op: count for op, count in hoisted.lifted.items() if op in ("Conv", "MatMul", "Gemm")}
     return Written(loop.name, len(loop_map.states), len(rows), hoisted.moved, normalisations, unfused,
-                   tuple(node.name for node in outer_nodes + after), lifted, hoisted.merged, len(layouts.inputs))
+                   tuple(node.name for node in outer_nodes + after), lifted, hoisted.merged, len(layouts.inputs),
+                   tuple(state.initial for state in loop_map.states), state_ends,
+                   tuple(types.shape(state.step_input) for state in loop_map.states))
 
 
 def _carried_in_layouts(hoisted, state_inputs: list, outputs: list, states: int, scope: Scope, types: TypeTable,

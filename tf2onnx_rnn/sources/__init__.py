@@ -34,6 +34,7 @@ class Frozen:
     stateful_layers: tuple = ()  # report names of Keras stateful=True recurrent layers
     # report name of a Keras LSTM, GRU or SimpleRNN -> the activations of it no ONNX recurrent node computes
     inexpressible: Optional[dict] = None
+    layer_kinds: Optional[dict] = None  # report name of a Keras recurrent layer -> its class's name
     traced: Optional[object] = None  # a Keras model's traced call (graph def, functions included): what it runs
     tflite_path: Optional[str] = None  # a TFLite file (then ``graph_def`` is None): tf2onnx reads it itself
     loops: Optional[list] = None  # the recurrent loops, when the source finds them (else read from graph_def)
