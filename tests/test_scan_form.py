@@ -438,6 +438,36 @@ def test_a_tf1_bidirectional_dynamic_rnn_with_lengths_in_the_portable_form(tmp_p
             assert float(np.max(np.abs(g - w))) <= 1e-4, f"{runtime}: {np.max(np.abs(g - w)):.3g}"
 
 
+@pytest.mark.parametrize("form", ["v1", "v2"])
+def test_a_tf1_bidirectional_dynamic_rnn_without_lengths_reverses_by_a_slice(tmp_path, form):
+    """TF 1.x ``bidirectional_dynamic_rnn`` without ``sequence_length`` over a cell no ONNX node computes
+    (``num_proj``), in the default form: two Scans, both running forward, the backward one over its input
+    reversed by a Slice (no ReverseSequence: tract has none); equal to the TensorFlow session in
+    onnxruntime, OpenVINO (f32) and tract."""
+    import tf1_graphs
+    from tf2onnx_rnn import convert_graph_def, report_of
+
+    case = tf1_graphs.Case("bidirectional", "lstm_projection", False, form)
+    built = tf1_graphs.built(case)
+    proto = convert_graph_def(built.path, inputs=built.inputs, outputs=built.outputs)
+    ops = helpers.op_counts(proto)
+    assert ops["Scan"] == 2 and not ops["Loop"] and not ops["ReverseSequence"], report_of(proto).table()
+    for scan in helpers.nodes_of_types(proto, ["Scan"]):
+        assert not any(helpers.attribute(scan, "scan_input_directions") or ()), f"{scan.name} runs backwards"
+    assert {row.direction for row in report_of(proto).outcomes} == {"forward", "backward"}, report_of(proto).table()
+    path = str(tmp_path / "model.onnx")
+    onnx.save(proto, path)
+    feeds = tf1_graphs.feeds_for(case, None, 5)
+    want = built.run(feeds)
+    session = helpers.ort_session(proto)
+    got_ort = session.run(None, dict(zip([i.name for i in session.get_inputs()], feeds)))
+    got_openvino, got_tract = _openvino_and_tract(path, feeds)
+    for runtime, got in (("onnxruntime", got_ort), ("OpenVINO", got_openvino), ("tract", got_tract)):
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            assert float(np.max(np.abs(g - w))) <= 1e-4, f"{runtime}: {np.max(np.abs(g - w)):.3g}"
+
+
 @pytest.mark.parametrize("lengths", [False, True], ids=["no-lengths", "sequence_length"])
 def test_tf2onnx_own_scan_of_a_tf1_loop_declares_no_dimension_names(lengths):
     """tf2onnx's own Scan of a TF 1.x control-flow loop, its step's symbolic dimension names cleared
