@@ -305,3 +305,55 @@ def test_streaming_a_conv_lstm(flavor):
     both = K.Model(x, K.layers.Bidirectional(K.layers.ConvLSTM1D(2, 3, padding="same"), name="both_ways")(x))
     with pytest.raises(ConversionError, match="cannot stream.*both_ways.*backward pass"):
         convert_keras(both, streaming=True)
+
+
+def test_a_stateful_conv_lstm_streams_in_openvino_and_tract(tmp_path):
+    """The stateful ConvLSTM2D with its state inputs required (``state_defaults=False``: OpenVINO and tract
+    take an input with an initializer as that constant), fed chunk by chunk in OpenVINO (f32) and tract:
+    Keras's successive calls, within 1e-4."""
+    openvino = pytest.importorskip("openvino")
+    tract = pytest.importorskip("tract")
+    from tf2onnx_rnn import convert_keras
+
+    K = parity.keras_module(parity.FLAVORS[0])
+    x = K.Input((None, 6, 5, 3), batch_size=2, name="x")
+    layer = K.layers.ConvLSTM2D(4, 3, padding="same", stateful=True, return_sequences=True, name="conv_lstm")
+    model = K.Model(x, layer(x))
+    parity.randomize_weights(model, 8, scale=0.3)
+    model_proto = convert_keras(model, state_defaults=False)
+    (row,) = report_of(model_proto).outcomes
+    assert not {t.name for t in model_proto.graph.initializer} & set(row.state_inputs)
+    path = str(tmp_path / "stateful.onnx")
+    onnx.save(model_proto, path)
+    data = np.random.default_rng(9).standard_normal((2, sum(CHUNKS), 6, 5, 3)).astype(np.float32)
+    layer.reset_states()
+    wants, start = [], 0
+    for size in CHUNKS:
+        wants.append(np.asarray(model(data[:, start:start + size], training=False)))
+        start += size
+    order = [i.name for i in model_proto.graph.input]
+    outputs = [o.name for o in model_proto.graph.output]
+    core = openvino.Core()
+    compiled = core.compile_model(core.read_model(path), "CPU", {"INFERENCE_PRECISION_HINT": "f32",
+                                                                   "INFERENCE_NUM_THREADS": 1})
+
+    def run_openvino(feeds: dict) -> dict:
+        result = compiled([feeds[name] for name in order])
+        return {name: np.asarray(result[output]) for name, output in zip(outputs, compiled.outputs)}
+
+    def run_tract(feeds: dict) -> dict:
+        model_t = tract.onnx().load(path)
+        for index, name in enumerate(order):
+            model_t.set_input_fact(index, ",".join(str(d) for d in feeds[name].shape) + ",f32")
+        values = model_t.into_model().into_runnable().run([feeds[name] for name in order])
+        return {name: value.to_numpy() for name, value in zip(outputs, values)}
+
+    for runtime, run in (("OpenVINO", run_openvino), ("tract", run_tract)):
+        states = {name: np.zeros((2, 6, 5, 4), np.float32) for name in row.state_inputs}
+        start = 0
+        for size, want in zip(CHUNKS, wants):
+            result = run({"x": data[:, start:start + size], **states})
+            error = float(np.max(np.abs(result[outputs[0]] - want)))
+            assert error <= 1e-4, f"{runtime}, chunk at {start}: {error:.3g}"
+            states = {name: result[out] for name, out in zip(row.state_inputs, row.state_outputs)}
+            start += size
