@@ -62,6 +62,7 @@ from typing import Optional
 import numpy as np
 import pytest
 
+import helpers
 import parity
 import tf2onnx_rnn
 import tf2onnx_rnn.rewriters
@@ -260,6 +261,14 @@ def build_model(flavor: str, which: str = "main"):
     K = parity.keras_module(flavor)
     x = K.Input((None, FEATURES), name="x")
     masked = K.layers.Masking(0.0, name="masking")(x)
+    if which == "conv":  # a convolutional recurrence and a backward Scan: siblings, layouts, a full reversal
+        frames = K.layers.Reshape((-1, FEATURES, 1), name="frames")(x)
+        conv = K.layers.ConvLSTM1D(2, 2, padding="same", return_sequences=True, name="conv_lstm")(frames)
+        flat = K.layers.Reshape((-1, FEATURES * 2), name="flat")(conv)
+        model = K.Model(x, K.layers.SimpleRNN(UNITS, activation="gelu", go_backwards=True, name="rnn")(flat),
+                        name="fault_injection_conv")
+        parity.randomize_weights(model, seed=20261127)
+        return model
     if which == "scan":  # cells no native node computes: each loop a Scan of its own step
         import scan_cells
 
@@ -400,6 +409,9 @@ RUN_ONLY_WITH = {
     ("scan.folding", ""): {"model": "scan", "opset": 17},
     ("scan.rewrite", ""): {"model": "scan", "opset": 17},
     ("scan.normalisation", ""): {"model": "scan", "opset": 17},
+    ("scan.siblings", ""): {"model": "conv"},
+    ("scan.layouts", ""): {"model": "conv"},
+    ("emit.full_reversal", ""): {"model": "conv"},
     ("emit.kernels", ""): {"target": "onnxruntime"},  # what builds a recurrence otherwise than as its node
     ("emit.mask_forms", "PortableMask"): {"target": "portable"},
     ("emit.scattered_mask", ""): {"target": "portable"},
@@ -601,6 +613,24 @@ def test_unfaulted_scan_model_is_all_scans():
     assert [(o.layer, o.became, o.own_step) for o in report.outcomes] == \
         [("ln_elman", "Scan", True), ("rnn", "Scan", True)], report.table()
     assert "1 layer normalisation(s) as one node" in report.outcomes[0].form, report.table()
+
+
+def test_unfaulted_conv_model_is_lean_scans():
+    """The reference of the sibling, layout and reversal passes' faults: a ConvLSTM1D whose step holds one
+    Conv and no Transpose, and a backward gelu SimpleRNN over its input reversed by a Slice."""
+    conv_target = next(t for t in TARGETS if t.module.__name__.endswith(".scan.layouts"))
+    assert conversion_options(conv_target)[0] == "conv"
+    report = baseline(parity.FLAVORS[0], conv_target)
+    assert [(o.layer, o.kind, o.direction, o.became) for o in report.outcomes] == \
+        [("conv_lstm", "ConvLSTM1D", "forward", "Scan"), ("rnn", "SimpleRNN", "backward", "Scan")], report.table()
+    model, _ = model_and_expected(parity.FLAVORS[0], "conv")
+    model_proto = convert("conv", model)
+    assert not problems_of(parity.FLAVORS[0], model_proto, [], conv_target)
+    ops = helpers.op_counts(model_proto)
+    assert not ops["ReverseSequence"] and ops["Slice"], ops
+    scan = next(n for n in model_proto.graph.node if n.op_type == "Scan" and "conv_lstm" in n.name)
+    body = helpers.op_counts(helpers.attribute(scan, "body"))
+    assert body["Conv"] == 1 and not body["Transpose"], body
 
 
 def _cases():

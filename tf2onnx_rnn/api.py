@@ -248,9 +248,9 @@ def convert(frozen: Frozen, options: Options) -> Conversion:
     report.outcomes = [dataclasses.replace(o, stateful=True) if o.layer in frozen.stateful_layers else o
                        for o in report.outcomes]
     report.outcomes = [_for_its_activations(o, frozen.inexpressible or {}) for o in report.outcomes]
-    kinds = frozen.layer_kinds or {}  # a row whose scopes named no kind: the Keras layer's class
-    report.outcomes = [dataclasses.replace(o, kind=kinds[o.layer]) if o.kind == "unknown" and o.layer in kinds
-                       else o for o in report.outcomes]
+    kinds = frozen.layer_kinds or {}  # a row whose scopes named no kind, or no ConvLSTM's: the Keras layer's class
+    report.outcomes = [dataclasses.replace(o, kind=kinds[o.layer]) if o.kind in ("unknown", "ConvLSTM")
+                       and o.layer in kinds else o for o in report.outcomes]
     report.nchw_inputs, report.nchw_outputs = (tuple(nchw.get(f"{kind}_as_nchw", ())) for kind in ("inputs", "outputs"))
     if options.streaming:
         check_streamed(report)

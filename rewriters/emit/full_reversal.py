@@ -62,14 +62,15 @@ def _graph(graph: onnx.GraphProto, outer: dict) -> int:
                                                   list(node.output), name=base)
         if not replaced:
             return count
-        nodes = [replaced.get(position, node) for position, node in enumerate(graph.node)]
-        del graph.node[:]
-        graph.node.extend(_live(nodes, graph, chains))
+        nodes = _live([replaced.get(position, node) for position, node in enumerate(graph.node)], graph, chains)
+        del graph.node[:]  # the graph changes only once its rewrite is built
+        graph.node.extend(nodes)
         graph.initializer.extend(made)
         return count + len(replaced)
-    except Exception as error:  # noqa: BLE001 - this graph stays as written, exact
+    except Exception as error:  # noqa: BLE001 - this graph stays as written, exact: an inner guard, per graph
+        logger.debug("rewriting a graph's whole-length reversals raised", exc_info=True)
         logger.warning("a ReverseSequence of every row's whole length stays: internal error: %s: %s",
-                       type(error).__name__, error, exc_info=True)
+                       type(error).__name__, error)
         return count
 
 

@@ -54,28 +54,35 @@ def stream_states(written, row, scope: Scope, types: TypeTable) -> tuple:
             raise NoMatch("cannot stream: the shape of a carried state is not known", start)
     scan = next(node for node in graph.node if node.name == written.loop and node.op_type == "Scan")
     around = {node.output[0]: node for node in graph.node if node.name in set(written.around) and node.output}
-    inputs, outputs = [], []
+    # everything is built first; the graph changes only once the whole plan is made
+    inputs, outputs, new_inputs, defaults, nodes, new_outputs, rewired = [], [], [], [], [], [], []
     for index, (start, end, (streamed_in, streamed_out), (elem, shape)) in enumerate(zip(
             written.state_starts, written.state_ends, names, typed)):
         if _from_values_of_inputs(start, scope):
             inputs.append("")
         else:
             default = _default(start, shape, scope)
-            graph.input.append(helper.make_tensor_value_info(streamed_in, elem, _dims(shape, default)))
+            new_inputs.append(helper.make_tensor_value_info(streamed_in, elem, _dims(shape, default)))
             if default is not None:
-                graph.initializer.append(numpy_helper.from_array(
-                    default.astype(helper.tensor_dtype_to_np_dtype(elem)), streamed_in))
+                defaults.append(numpy_helper.from_array(default.astype(helper.tensor_dtype_to_np_dtype(elem)),
+                                                        streamed_in))
             # the state's own slot of the Scan, or the transpose into its layout that feeds it (two states may
             # start from one tensor: each gets its own input)
             laid = around.get(scan.input[index])
             if laid is not None and laid.op_type == "Transpose" and laid.input[0] == start:
-                laid.input[0] = streamed_in
+                rewired.append((laid, 0, streamed_in))
             else:
-                scan.input[index] = streamed_in
+                rewired.append((scan, index, streamed_in))
             inputs.append(streamed_in)
-        graph.node.append(helper.make_node("Identity", [end], [streamed_out], name=fresh(streamed_out)))
-        graph.output.append(helper.make_tensor_value_info(streamed_out, elem, _dims(shape, None)))
+        nodes.append(helper.make_node("Identity", [end], [streamed_out], name=fresh(streamed_out)))
+        new_outputs.append(helper.make_tensor_value_info(streamed_out, elem, _dims(shape, None)))
         outputs.append(streamed_out)
+    for node, slot, name in rewired:
+        node.input[slot] = name
+    graph.input.extend(new_inputs)
+    graph.initializer.extend(defaults)
+    graph.node.extend(nodes)
+    graph.output.extend(new_outputs)
     return tuple(inputs), tuple(outputs)
 
 
