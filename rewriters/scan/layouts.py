@@ -11,11 +11,14 @@ initial value transposed once before the Scan, its final one back once after) re
   none where that is the identity;
 - an elementwise op of operands transposed alike is the op of the untransposed operands, transposed after
   (each element is computed from the elements at its own index; a scalar operand, a constant transposed
-  here, or one whose transpose only moves axes of size one reads the same);
+  here, one whose transpose only moves axes of size one, or a ``Tile`` of such a tensor, reads the same);
+- a transpose moves past an ``Unsqueeze`` or ``Squeeze`` of constant axes (tf2onnx's one-dimensional
+  convolutions), and one that only places the axes an ``Unsqueeze`` adds is that ``Unsqueeze``;
 
 applied until nothing changes, the transposes meet and vanish. A per-step output still written through a
-transpose is stacked untransposed and the whole sequence transposed once after the Scan. The layouts are
-kept only where the step then holds fewer ``Transpose`` nodes; else the step stays as it was.
+transpose is stacked untransposed and the whole sequence transposed once after the Scan. Each state in
+turn tries the perms its step's transposes apply, in rounds, keeping one only where the step then holds
+fewer ``Transpose`` nodes; where none does, the step stays as it was.
 """
 from __future__ import annotations
 
