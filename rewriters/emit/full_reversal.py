@@ -138,25 +138,20 @@ def _live(nodes: list, graph: onnx.GraphProto, chains: set) -> list:
     """``nodes`` less those of the lengths' ``chains`` (node names) nothing reads now, until none."""
     outputs = {o.name for o in graph.output}
     while True:
-        read = set(outputs)
-        for node in nodes:
-            read.update(node.input)
-            for attribute in node.attribute:
-                subs = [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else list(attribute.graphs)
-                for sub in subs:
-                    read.update(_reads_within(sub))
+        read = outputs | _names_read(nodes)
         live = [node for node in nodes if node.name not in chains or any(out in read for out in node.output)]
         if len(live) == len(nodes):
             return nodes
         nodes = live
 
 
-def _reads_within(graph: onnx.GraphProto) -> set:
+def _names_read(nodes) -> set:
+    """Every name ``nodes`` or their subgraphs read."""
     read = set()
-    for node in graph.node:
+    for node in nodes:
         read.update(node.input)
         for attribute in node.attribute:
             subs = [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else list(attribute.graphs)
             for sub in subs:
-                read.update(_reads_within(sub))
+                read |= _names_read(sub.node)
     return read

@@ -21,6 +21,7 @@ import onnx
 from ..description import NoMatch
 from ..outcome import LOOP, SCAN, Findings, while_loop_name
 from .graph_index import Scope, TypeTable, attribute, reads, subgraphs, upstream
+from .layouts import composed
 from .lengths import Lengths
 from .loop_reading import paddings, read_loop, read_scan
 from .rewrite import Written, write_scan
@@ -149,12 +150,12 @@ def _composed_transposes(scope: Scope, around: set) -> set:
         inner, outer = list(attribute(second, "perm") or ()), list(attribute(first, "perm") or ())
         if not inner or len(inner) != len(outer):
             continue
-        composed = [inner[axis] for axis in outer]
+        perm = composed(inner, outer)
         del first.input[:]
         first.input.append(second.input[0])
         for attr in first.attribute:
             if attr.name == "perm":
-                attr.ints[:] = composed
+                attr.ints[:] = perm
         unread.add(second.name)
     return unread
 

@@ -215,8 +215,7 @@ def _composed(node: onnx.NodeProto, producer: dict) -> Optional[list]:
     inner = producer.get(node.input[0])
     if inner is None or inner.op_type != "Transpose" or not attribute(node, "perm") or not attribute(inner, "perm"):
         return None
-    first, second = list(attribute(inner, "perm")), list(attribute(node, "perm"))
-    perm = [first[axis] for axis in second]
+    perm = composed(list(attribute(inner, "perm")), list(attribute(node, "perm")))
     if perm == list(range(len(perm))):
         return [helper.make_node("Identity", [inner.input[0]], list(node.output), name=node.name)]
     return [_transpose(inner.input[0], node.output[0], perm, node.name)]
@@ -399,6 +398,11 @@ def _live(nodes: list, kept: set) -> list:
 
 def _transpose(source: str, target: str, perm: list, name: Optional[str] = None) -> onnx.NodeProto:
     return helper.make_node("Transpose", [source], [target], name=name or fresh("layout"), perm=list(perm))
+
+
+def composed(first: list, second: list) -> list:
+    """The perm of ``Transpose(Transpose(x, first), second)`` as one transpose of ``x``."""
+    return [first[axis] for axis in second]
 
 
 def _inverse(perm: list) -> list:
