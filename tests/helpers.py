@@ -122,3 +122,18 @@ def save_serving(model, path, features: int) -> None:
     module.serve = tf.function(lambda x: {"y": model(x, training=False)},
                                input_signature=[tf.TensorSpec((None, None, features), tf.float32, name="x")])
     tf.saved_model.save(module, str(path), signatures={"serving_default": module.serve.get_concrete_function()})
+
+
+def run_in_chunks(model_proto: onnx.ModelProto, data, chunks, pairs: dict, states: dict) -> list:
+    """Output 0 of a streamed model on each chunk of ``data`` (input ``x``, cut along axis 1 into
+    ``chunks``), the first chunk from ``states`` (state input -> value; those left out take their
+    defaults), each later one from the states the last ended with (``pairs``: state input -> output)."""
+    session = ort_session(model_proto)
+    names = [o.name for o in session.get_outputs()]
+    outputs, start = [], 0
+    for size in chunks:
+        result = dict(zip(names, session.run(None, {"x": data[:, start:start + size], **states})))
+        outputs.append(result[names[0]])
+        states = {name: result[output] for name, output in pairs.items()}
+        start += size
+    return outputs

@@ -258,15 +258,12 @@ def test_a_stateful_conv_lstm_streams_as_keras_calls_it(flavor):
                                                            for v in defaults.values())
     data = np.random.default_rng(3).standard_normal((2, sum(CHUNKS), 6, 5, 3)).astype(np.float32)
     layer.reset_states()
-    session = helpers.ort_session(model_proto)
-    names = [o.name for o in session.get_outputs()]
-    states, start = {}, 0  # the first call takes the defaults
-    for size in CHUNKS:
-        chunk = data[:, start:start + size]
-        result = dict(zip(names, session.run(None, {"x": chunk, **states})))
-        want = np.asarray(model(chunk, training=False))
-        assert float(np.max(np.abs(result[names[0]] - want))) <= 1e-5, f"chunk at {start}"
-        states = {name: result[out] for name, out in zip(row.state_inputs, row.state_outputs)}
+    # the first chunk takes the defaults
+    outputs = helpers.run_in_chunks(model_proto, data, CHUNKS, dict(zip(row.state_inputs, row.state_outputs)), {})
+    start = 0
+    for size, got in zip(CHUNKS, outputs):  # Keras's successive calls
+        want = np.asarray(model(data[:, start:start + size], training=False))
+        assert float(np.max(np.abs(got - want))) <= 1e-5, f"chunk at {start}"
         start += size
 
 
@@ -292,14 +289,7 @@ def test_streaming_a_conv_lstm(flavor):
         data[1, 4:] = 0.0  # a post-padded row
         data[2, 2] = 0.0  # a hole
     states = {name: np.zeros([3] + dims[name][1:], np.float32) for name in row.state_inputs}
-    session = helpers.ort_session(model_proto)
-    names = [o.name for o in session.get_outputs()]
-    outputs, start = [], 0
-    for size in CHUNKS:
-        result = dict(zip(names, session.run(None, {"x": data[:, start:start + size], **states})))
-        outputs.append(result[names[0]])
-        states = {name: result[out] for name, out in zip(row.state_inputs, row.state_outputs)}
-        start += size
+    outputs = helpers.run_in_chunks(model_proto, data, CHUNKS, dict(zip(row.state_inputs, row.state_outputs)), states)
     whole = np.asarray(model(data, training=False))
     assert float(np.max(np.abs(np.concatenate(outputs, axis=1) - whole))) <= 1e-5
     both = K.Model(x, K.layers.Bidirectional(K.layers.ConvLSTM1D(2, 3, padding="same"), name="both_ways")(x))

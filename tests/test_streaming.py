@@ -228,14 +228,7 @@ def test_a_scan_form_layer_streams_chunk_by_chunk(flavor, masked):
     dims = {i.name: [d.dim_value or None for d in i.type.tensor_type.shape.dim] for i in model_proto.graph.input}
     data = sequence("masked-sequences" if masked else "stack-sequences")
     states = {name: np.zeros([data.shape[0]] + dims[name][1:], np.float32) for name in pairs}
-    session = helpers.ort_session(model_proto)
-    names = [o.name for o in session.get_outputs()]
-    outputs, start = [], 0
-    for size in CHUNKS:
-        result = dict(zip(names, session.run(None, {"x": data[:, start:start + size], **states})))
-        outputs.append(result[names[0]])
-        states = {name: result[pairs[name]] for name in pairs}
-        start += size
+    outputs = helpers.run_in_chunks(model_proto, data, CHUNKS, pairs, states)
     whole = np.asarray(model(data, training=False))
     np.testing.assert_allclose(np.concatenate(outputs, axis=1), whole, rtol=0, atol=TOLERANCE)
 
