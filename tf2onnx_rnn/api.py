@@ -28,6 +28,7 @@ from .output import LARGE_MODEL_KEY, check_output_path, save_model
 from .probes import check_loadable, fits_in_protobuf, stamp_ir_version
 from .reconcile import reconcile, recurrent_loops, unrolled_layers
 from .report import LOOP, SCAN, ConversionReport
+from .runtime_check import verify_in_runtime
 from .shape_check import check_output_shapes
 from .sources import Frozen, Source
 from .sources.graph_def import Checkpoint, GraphDefFile
@@ -53,6 +54,7 @@ class Conversion:
     model_proto: onnx.ModelProto
     report: ConversionReport
     verification: Optional[object] = None  # a verify.VerificationResult
+    runtime_verification: Optional[object] = None  # the same in the target's runtime (runtime_check), if it ran
     written: list = field(default_factory=list)  # the files written: the model, and its external data if any
     # cuDNN ops read as Keras's masked layers (op -> rewriters.outcome.KerasMaskReading): where TensorFlow
     # cannot run them, the checks' reference computes them so (cudnn_reference)
@@ -197,6 +199,12 @@ def run(source: Source, *, output_path: Optional[str] = None, verify: bool = Fal
             raise VerificationFailed(conversion.verification, conversion)
         what = (f"outputs verified against {conversion.verification.reference} at input shapes "
                 + "; ".join(conversion.verification.input_shapes))
+        if options.runtime:  # and in the runtime the target writes for, where it is installed
+            conversion.runtime_verification, ran = verify_in_runtime(checked, conversion.model_proto, options.runtime,
+                                                                     tolerance)
+            if conversion.runtime_verification is not None and not conversion.runtime_verification.passed:
+                raise VerificationFailed(conversion.runtime_verification, conversion)
+            what += f"; {ran}"
         measured = conversion.verification.measured
     elif not options.check_shapes:
         what, measured = "output shapes not checked (the check was turned off)", []
@@ -256,7 +264,7 @@ def convert(frozen: Frozen, options: Options) -> Conversion:
         check_streamed(report)
     if not options.continue_on_error:
         check_lowered(report, frozen.lowered)
-    report.consumers = consumer_notes(model_proto, options.portable or options.training)
+    report.consumers = consumer_notes(model_proto)
     stamp_ir_version(model_proto)
     report.attach(model_proto)
     logger.info("tf2onnx_rnn report:\n%s", report.table())

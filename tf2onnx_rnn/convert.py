@@ -129,7 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="tf2onnx's workarounds for a runtime (comma-separated), and portable: masked "
                              "recurrent layers without a computed sequence_lens, for runtimes that take it only "
                              "as a constant (tract), training: the form onnxruntime's training API takes, and "
-                             "onnxruntime: SimpleRNN as an input MatMul and a Scan, its fastest form there")
+                             "onnxruntime: SimpleRNN as an input MatMul and a Scan, its fastest form there; iree, "
+                             "tvm, ncnn, rknn: the form that runtime computes (fixed shapes: give --inputs)")
     parser.add_argument("--large_model", "--large-model", dest="large_model", action="store_true",
                         help="write the weights beside the model (FILE.data): for models over 2 GB")
     parser.add_argument("--continue_on_error", "--continue-on-error", dest="continue_on_error",
@@ -300,6 +301,8 @@ def run(args: argparse.Namespace) -> int:
     print(conversion.report.table())
     if conversion.verification is not None:
         print(conversion.verification.table())
+    if conversion.runtime_verification is not None:
+        print(conversion.runtime_verification.table())
     if args.training_artifacts:  # the artifacts first: the model is written only when they are
         written = training.write_training_artifacts(conversion.model_proto, args.training_artifacts,
                                                     loss=args.training_loss, optimizer=args.training_optimizer)

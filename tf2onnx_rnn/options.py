@@ -22,7 +22,10 @@ from .probes import check_opset
 PORTABLE = "portable"  # this package's own target: masked layers without a computed sequence_lens
 TRAINING = "training"  # and its form for onnxruntime's training API (see tf2onnx_rnn.training)
 ONNXRUNTIME = "onnxruntime"  # and onnxruntime's fastest form: SimpleRNN as input MatMul + Scan
-OWN_TARGETS = (PORTABLE, TRAINING, ONNXRUNTIME)
+# and one per runtime of rewriters.runtimes' table that needs a form of its own: the portable form, lowered
+# for that runtime as far as its row needs (rewriters.lower), with fixed shapes
+RUNTIME_TARGETS = ("iree", "tvm", "ncnn", "rknn")
+OWN_TARGETS = (PORTABLE, TRAINING, ONNXRUNTIME) + RUNTIME_TARGETS
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,7 @@ class Options:
     portable: bool = False  # masked layers without a computed sequence_lens (target "portable")
     training: bool = False  # the form onnxruntime's training API takes (target "training")
     onnxruntime: bool = False  # SimpleRNN as input MatMul + Scan, faster in onnxruntime (target "onnxruntime")
+    runtime: Optional[str] = None  # the runtime target (RUNTIME_TARGETS): the form that runtime computes
     streaming: Optional[bool] = None  # recurrent states in and out of the model; None: for stateful models
     # streamed state inputs of a fixed batch default to the source's start (initializers); None: unless the
     # target is portable (OpenVINO and tract read an input with an initializer as that constant)
@@ -86,10 +90,16 @@ class Options:
         if TRAINING in targets and ONNXRUNTIME in targets:
             raise ConversionError(f"{param('target')}: {TRAINING!r} and {ONNXRUNTIME!r} exclude each other (the "
                                   "training kernels need the native RNN node the other replaces)")
+        runtimes = [t for t in targets if t in RUNTIME_TARGETS]
+        if len(runtimes) > 1 or (runtimes and (TRAINING in targets or ONNXRUNTIME in targets)):
+            chosen = runtimes + [t for t in (TRAINING, ONNXRUNTIME) if t in targets]
+            raise ConversionError(f"{param('target')}: {chosen[0]!r} and {chosen[1]!r} exclude each other (each "
+                                  "writes the form one runtime computes)")
         given["extra_opset"] = tuple(extra_opsets(given.get("extra_opset", ())))
         given["inputs"] = input_shapes(given.get("inputs"))
         given["custom_rewriter"] = tuple(given.get("custom_rewriter", ()))
-        return cls(target=tuple(t for t in targets if t not in OWN_TARGETS), portable=PORTABLE in targets,
+        return cls(target=tuple(t for t in targets if t not in OWN_TARGETS),
+                   portable=PORTABLE in targets or bool(runtimes), runtime=runtimes[0] if runtimes else None,
                    training=TRAINING in targets, onnxruntime=ONNXRUNTIME in targets, **given)
 
     def tf2onnx_options(self) -> dict:
@@ -120,7 +130,8 @@ def known_targets() -> tuple:
     which tf2onnx never sees: :data:`PORTABLE` (masked recurrent layers without a computed
     ``sequence_lens``, for runtimes that take it only as a constant, such as tract) and
     :data:`TRAINING` (the form onnxruntime's training API takes) and :data:`ONNXRUNTIME` (SimpleRNN
-    as an input MatMul and a Scan, onnxruntime's fastest form of it)."""
+    as an input MatMul and a Scan, onnxruntime's fastest form of it), and one per runtime that needs a
+    form of its own (:data:`RUNTIME_TARGETS`: IREE, TVM, ncnn, rknn)."""
     from tf2onnx import constants
 
     return tuple(constants.POSSIBLE_TARGETS) + OWN_TARGETS

@@ -56,7 +56,34 @@ def to_onnx(frozen: Frozen, options: Options) -> tuple:
     if not options.defaults_states:  # the Scan form's streamed states too
         drop_state_defaults(model_proto, findings)
     _written_model_passes(model_proto, options.portable)
+    if options.runtime:
+        lower_for_runtime(model_proto, options.runtime, findings)
     return model_proto, nchw, findings
+
+
+def lower_for_runtime(model_proto: onnx.ModelProto, target: str, findings: Findings) -> None:
+    """The written model lowered for the runtime of ``target`` (``rewriters.lower``: each layer only as far
+    as that runtime's row of ``rewriters.runtimes`` needs); its inputs must have fixed shapes, and what the
+    runtime still cannot compute is a :class:`ConversionError` naming the runtime, the layer and why."""
+    from .rewriters.lower import lower_for
+    from .rewriters.runtimes import BY_KEY
+
+    row = BY_KEY[target]
+    constants = {t.name for t in model_proto.graph.initializer}
+    dynamic = [i for i in model_proto.graph.input if i.name not in constants
+               and not all(d.HasField("dim_value") for d in i.type.tensor_type.shape.dim)]
+    if dynamic:
+        shape = ",".join(str(d.dim_value) if d.HasField("dim_value") else "?"
+                         for d in dynamic[0].type.tensor_type.shape.dim)
+        raise ConversionError(f"{param('target')} {target}: {row.name} compiles fixed shapes only, and input "
+                              f"{dynamic[0].name} is [{shape}]: give every input a fixed shape with "
+                              f"{param('inputs')} (for example \"{dynamic[0].name}[2,12,8]\")")
+    left = lower_for(model_proto, row)
+    if left:
+        first = sorted(left, key=lambda o: not o.silent)[0]
+        layer = next((o.layer for o in findings.outcomes if o.node and first.node.startswith(o.node.replace("/", "_"))
+                      or o.node == first.node), first.node)
+        raise ConversionError(f"{param('target')} {target}: {row.name} cannot compute {layer}: it {first.why}")
 
 
 def drop_state_defaults(model_proto: onnx.ModelProto, findings: Findings) -> None:

@@ -15,6 +15,7 @@ every output with its max abs error and its NaN counts, ONNX vs the reference.
 """
 from __future__ import annotations
 
+import contextvars
 import math
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
@@ -76,6 +77,7 @@ class VerificationResult:
     # each round both models ran: ({ONNX input: shape fed}, {ONNX output: shape onnxruntime gave}), which
     # the converted model's dimension names are derived from (dim_names)
     measured: list = field(default_factory=list)
+    runtime: str = "onnxruntime"  # what ran the ONNX model
 
     @property
     def passed(self) -> bool:
@@ -94,8 +96,9 @@ class VerificationResult:
 
     def table(self) -> str:
         rounds = f"{self.rounds} round{'s' if self.rounds != 1 else ''} of inputs"
-        lines = [f"verification (tolerance {self.tolerance:g}; ONNX vs {self.reference}; {rounds}):" if self.values
-                 else f"output shapes and dtypes (ONNX vs {self.reference}; {rounds}):"]
+        onnx_side = "ONNX" if self.runtime == "onnxruntime" else f"ONNX in {self.runtime}"
+        lines = [f"verification (tolerance {self.tolerance:g}; {onnx_side} vs {self.reference}; {rounds}):"
+                 if self.values else f"output shapes and dtypes (ONNX vs {self.reference}; {rounds}):"]
         for check in self.checks:
             compared = f"max abs error {check.max_abs_error:.3g}" if self.values else "shape and dtype"
             lines.append(f"  {check.name}: {compared} {'ok' if check.passed else 'FAILED'}")
@@ -120,6 +123,10 @@ def onnx_input_specs(model_proto: onnx.ModelProto, defaulted: bool = False) -> l
         shape = [d.dim_value if d.HasField("dim_value") else None for d in tensor_type.shape.dim]
         specs.append((value.name, shape, onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)))
     return specs
+
+
+# the runtime a comparison runs the ONNX model in, where not onnxruntime (runtime_check.running_in)
+RUNNER: contextvars.ContextVar = contextvars.ContextVar("tf2onnx_rnn_runner", default=None)
 
 
 def _session(model_proto: onnx.ModelProto):
@@ -262,10 +269,12 @@ def compare(reference: Callable[[list], Sequence[np.ndarray]], model_proto: onnx
     nchw_inputs, nchw_outputs = transposed(model_proto)
     specs, rounds = _rounds(model_proto, seed, inputs)
     result = VerificationResult(tolerance, reference=reference_name, rounds=len(rounds), values=values)
+    runner = RUNNER.get()
+    result.runtime = runner.name if runner else "onnxruntime"
     try:
-        session = _session(model_proto)
+        session = runner.session(model_proto) if runner else _session(model_proto)
     except Exception as error:  # noqa: BLE001 - onnxruntime raises its own kinds
-        result.problem = f"onnxruntime cannot load the ONNX model: {first_line(error)}"
+        result.problem = f"{result.runtime} cannot load the ONNX model: {first_line(error)}"
         result.onnx_loaded = False
         return result
     every_output = [o.name for o in session.get_outputs()]
@@ -288,7 +297,7 @@ def compare(reference: Callable[[list], Sequence[np.ndarray]], model_proto: onnx
             given = session.run(None, feeds)
             actual = [value for name, value in zip(every_output, given) if name not in state_outputs]
         except Exception as error:  # noqa: BLE001 - onnxruntime raises its own kinds
-            result.problem = f"onnxruntime failed on the inputs ({where}): {first_line(error)}"
+            result.problem = f"{result.runtime} failed on the inputs ({where}): {first_line(error)}"
             break
         if len(actual) != len(expected):
             result.problem = (f"the ONNX model has {len(actual)} output(s) ({', '.join(names)}), "

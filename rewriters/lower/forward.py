@@ -1,0 +1,109 @@
+"""Rewrites of a recurrent node that keep it native: the rungs above its steps written out.
+
+- :func:`as_forward_nodes`: a ``reverse`` or ``bidirectional`` node as forward nodes, each backward pass
+  over its input reversed along time by a ``Slice`` of step -1 and its ``Y`` reversed back (IREE lowers
+  forward nodes only, but for LSTM's bidirectional one). Exact without ``sequence_lens``, whose per-row
+  reversal this is not.
+- :func:`last_step_as_y_h`: a read ``Y_h`` taken from ``Y`` (the last step of a forward pass, the first
+  of a backward one), for runtimes that fail on a read ``Y_h`` (ncnn, rknn's GRU). Exact without
+  ``sequence_lens``.
+- :func:`zero_initial_states`: absent initial states given as zeros of the static batch (rknn's LSTM).
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+from ..runtimes import BIDIRECTIONAL, INITIAL_C, INITIAL_H, PEEPHOLES, REVERSE, SEQUENCE_LENS, Y_C, Y_H, Y, attribute
+from .build import INT64_MAX, INT64_MIN, Writer
+from .steps import CannotLower
+
+
+def _slot(names, index: int) -> str:
+    return names[index] if len(names) > index else ""
+
+
+def _reversed(w: Writer, x: str, base: str) -> str:
+    return w.slice(x, -1, INT64_MIN, 0, base, step=-1)
+
+
+def as_forward_nodes(graph: onnx.GraphProto, node: onnx.NodeProto, constants, w: Writer) -> None:
+    """``node`` (reverse or bidirectional) as one forward node per direction."""
+    direction = attribute(node, "direction")
+    if _slot(node.input, SEQUENCE_LENS):
+        raise CannotLower(f"a {direction} {node.op_type} with sequence_lens reverses each row by its length")
+    base = (node.name or node.output[0]).replace("/", "_")
+    count = 2 if direction == BIDIRECTIONAL else 1
+    ys, hs, cs = [], [], []
+    for d in range(count):
+        backward = direction == REVERSE or d == 1
+        inputs = [_reversed(w, node.input[0], f"{base}_x_reversed") if backward else node.input[0]]
+        for slot in range(1, len(node.input)):
+            name = node.input[slot]
+            if not name or slot == SEQUENCE_LENS:
+                inputs.append("")
+            elif count == 1:
+                inputs.append(name)
+            else:
+                value = constants(name) if slot in (1, 2, 3, PEEPHOLES) else None
+                inputs.append(w.const(value[d:d + 1], f"{base}_{slot}_d{d}") if value is not None
+                              else w.slice(name, d, d + 1, 0, f"{base}_{slot}_d{d}"))
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute if a.name != "direction"}
+        if "activations" in attrs:
+            per = len(attrs["activations"]) // count
+            for key in ("activations", "activation_alpha", "activation_beta"):
+                if key in attrs and len(attrs[key]) == per * count:
+                    attrs[key] = attrs[key][d * per:(d + 1) * per]
+        outs = [w.name(f"{base}_d{d}_Y"), w.name(f"{base}_d{d}_Y_h")] + \
+               ([w.name(f"{base}_d{d}_Y_c")] if node.op_type == "LSTM" else [])
+        w.op(node.op_type, inputs, f"{base}_d{d}", output_names=outs, direction="forward", **attrs)
+        ys.append(_reversed(w, outs[0], f"{base}_d{d}_Y_back") if backward else outs[0])
+        hs.append(outs[1])
+        cs.append(outs[2] if node.op_type == "LSTM" else None)
+    for slot, parts, axis in ((Y, ys, 1), (Y_H, hs, 0), (Y_C, cs, 0)):
+        name = _slot(node.output, slot)
+        if name:
+            w.op("Concat" if count > 1 else "Identity", parts if count > 1 else parts[:1], f"{base}_out{slot}",
+                 output_names=[name], **({"axis": axis} if count > 1 else {}))
+    w.replace([node])
+
+
+def last_step_as_y_h(graph: onnx.GraphProto, node: onnx.NodeProto, w: Writer) -> None:
+    """``node``'s read ``Y_h`` computed from its ``Y`` instead."""
+    if _slot(node.input, SEQUENCE_LENS):
+        raise CannotLower(f"{node.op_type}'s Y_h with sequence_lens is not Y's last step")
+    base = (node.name or node.output[0]).replace("/", "_")
+    direction = attribute(node, "direction", "forward")
+    y = node.output[Y] or w.name(f"{base}_Y")
+    parts = []
+    for d, backward in enumerate([direction == REVERSE] if direction != BIDIRECTIONAL else [False, True]):
+        step = w.slice(y, 0 if backward else -1, 1 if backward else INT64_MAX, 0, f"{base}_last{d}")
+        if direction == BIDIRECTIONAL:
+            step = w.slice(step, d, d + 1, 1, f"{base}_last{d}_dir")
+        parts.append(w.squeeze(step, [0], f"{base}_last{d}_h"))
+    y_h = node.output[Y_H]
+    copy = onnx.NodeProto()
+    copy.CopyFrom(node)
+    copy.output[Y] = y
+    copy.output[Y_H] = ""
+    w.nodes.insert(0, copy)
+    w.op("Concat" if len(parts) > 1 else "Identity", parts, f"{base}_Y_h", output_names=[y_h],
+         **({"axis": 0} if len(parts) > 1 else {}))
+    w.replace([node])
+
+
+def zero_initial_states(graph: onnx.GraphProto, node: onnx.NodeProto, batch: int, dtype, w: Writer) -> None:
+    """``node`` given zeros [directions, batch, hidden] for each initial state it lacks."""
+    directions = 2 if attribute(node, "direction", "forward") == BIDIRECTIONAL else 1
+    hidden = int(attribute(node, "hidden_size"))
+    copy = onnx.NodeProto()
+    copy.CopyFrom(node)
+    slots = (INITIAL_H, INITIAL_C) if node.op_type == "LSTM" else (INITIAL_H,)
+    while len(copy.input) <= slots[-1]:
+        copy.input.append("")
+    for slot in slots:
+        if not copy.input[slot]:
+            copy.input[slot] = w.const(np.zeros((directions, batch, hidden), dtype),
+                                       f"{node.name or node.output[0]}_zeros{slot}")
+    w.nodes.append(copy)
+    w.replace([node])

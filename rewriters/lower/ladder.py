@@ -1,0 +1,146 @@
+"""A written model lowered, node by node, only as far as one runtime's row of the table needs.
+
+Fixed input shapes first fold what they decide (:mod:`.fold`). The rungs, highest first: the node as
+it is; its absent initial states given as zeros and a read
+``Y_h`` taken from ``Y`` (:mod:`.forward`); a backward pass as a forward node over its input reversed
+(:mod:`.forward`); its steps written out for the fixed time length (:mod:`.steps`, :mod:`.scan_steps`).
+Each node climbs down one rung at a time while :func:`..runtimes.node_obstacles` names something its
+runtime lacks, by the obstacle's kind, never by the runtime's name. A ``Slice`` of step -1 that a runtime
+drops becomes the steps' ``Concat`` in reverse order. What is left is returned: the conversion refuses it.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import onnx
+from onnx import numpy_helper
+
+from ..runtimes import FORWARD, RECURRENT_OPS, Obstacle, Runtime, attribute, node_obstacles, obstacles
+from .build import Writer, names_of
+from .fold import fold_static
+from .forward import as_forward_nodes, last_step_as_y_h, zero_initial_states
+from .scan_steps import scan_as_steps
+from .steps import CannotLower, node_as_steps
+
+_ROUNDS = 4  # a node climbs down at most this many rungs
+
+
+def lower_for(model_proto: onnx.ModelProto, row: Runtime) -> list:
+    """Lower ``model_proto`` in place for ``row``'s runtime; returns the :class:`Obstacle` s no rung removes
+    (a rung that cannot write a node adds its reason)."""
+    graph = model_proto.graph
+    opset = next((o.version for o in model_proto.opset_import if o.domain in ("", "ai.onnx")), 17)
+    reasons: list = []
+    fold_static(model_proto, _shapes(model_proto))
+    for _ in range(_ROUNDS):
+        shapes, constants = _shapes(model_proto), _constants(graph)
+        read = {name for _, n in _all_nodes(graph) for name in n.input} | {o.name for o in graph.output}
+        changed = False
+        for node in list(graph.node):
+            found = node_obstacles(node, row, constants, True, read)
+            if not found:
+                continue
+            try:
+                changed |= _one_rung(graph, node, found, row, shapes, constants, Writer(graph, opset, names_of(graph)))
+            except CannotLower as error:
+                reasons.append(Obstacle(node.name or node.output[0], f"cannot be written in its ops: {error}"))
+        if not changed:
+            break
+    return reasons + obstacles(model_proto, row)
+
+
+def _one_rung(graph, node, found: list, row: Runtime, shapes: dict, constants: dict, w: Writer) -> bool:
+    """Move ``node`` one rung down for what ``found`` names; whether the graph changed."""
+    kinds = {o.kind for o in found}
+    if node.op_type == "Slice" and kinds == {"slice"}:
+        return _reversal_as_concat(node, shapes, constants, w)
+    steps, batch = _time_and_batch(node, shapes)
+    if node.op_type == "Scan":
+        if not steps:
+            raise CannotLower("its Scan needs a fixed number of steps: give the inputs fixed shapes")
+        scan_as_steps(graph, node, steps, w)
+        return True
+    if node.op_type not in RECURRENT_OPS:
+        return False
+    if kinds == {"initial_states"} and batch:
+        zero_initial_states(graph, node, batch, constants[node.input[1]].dtype, w)
+        return True
+    if kinds <= {"y_h", "initial_states"}:
+        last_step_as_y_h(graph, node, w)
+        return True
+    if kinds <= {"direction", "y_h", "initial_states"} and FORWARD in row.recurrent.get(node.op_type, ()):
+        as_forward_nodes(graph, node, constants.get, w)
+        return True
+    if not steps:
+        raise CannotLower(f"its {node.op_type} needs a fixed time length: give the inputs fixed shapes")
+    node_as_steps(graph, node, steps, batch, constants.get, w)
+    return True
+
+
+def _reversal_as_concat(node, shapes: dict, constants: dict, w: Writer) -> bool:
+    """A ``Slice`` reversing a whole static axis, as its pieces concatenated in reverse order."""
+    values = [constants.get(name) for name in node.input[1:5]]
+    shape = shapes.get(node.input[0])
+    if any(v is None for v in values) or shape is None or len(values[0]) != 1:
+        raise CannotLower("a Slice with step -1 reverses no whole axis of known size")
+    start, end, axis, step = (int(v[0]) for v in values)
+    axis = axis % len(shape)
+    size = shape[axis]
+    if not size or step != -1 or start not in (-1, size - 1) or end > -size - 1:
+        raise CannotLower("a Slice with step -1 reverses no whole axis of known size")
+    pieces = w.split(node.input[0], [1] * shape[axis], axis, f"{node.output[0]}_piece")
+    w.op("Concat", pieces[::-1], f"{node.output[0]}_reversed", output_names=[node.output[0]], axis=axis)
+    w.replace([node])
+    return True
+
+
+def _time_and_batch(node, shapes: dict) -> tuple:
+    """(the static time length, the static batch) of a recurrent node's or Scan's first sequence, or 0s."""
+    if node.op_type == "Scan":
+        carried = len(node.input) - int(attribute(node, "num_scan_inputs"))
+        axes = list(attribute(node, "scan_input_axes", [0]))
+        shape = shapes.get(node.input[carried]) or []
+        axis = axes[0] if axes else 0
+        return (shape[axis] if len(shape) > axis and shape[axis] else 0), 0
+    shape = shapes.get(node.input[0]) or []
+    return (shape[0] or 0 if shape else 0), (shape[1] or 0 if len(shape) > 1 else 0)
+
+
+def _shapes(model_proto: onnx.ModelProto) -> dict:
+    """name -> its dimensions (an int, or None where not static), by ONNX's shape inference."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model_proto, data_prop=True)
+    except Exception:  # noqa: BLE001 - without inference, only the declared shapes are known
+        inferred = model_proto
+    found = {}
+    graph = inferred.graph
+    for value in list(graph.input) + list(graph.value_info) + list(graph.output):
+        if value.type.tensor_type.HasField("shape"):
+            found[value.name] = [d.dim_value if d.HasField("dim_value") else None
+                                 for d in value.type.tensor_type.shape.dim]
+    for tensor in graph.initializer:
+        found[tensor.name] = list(tensor.dims)
+    return found
+
+
+def _constants(graph: onnx.GraphProto) -> dict:
+    values = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    for node in graph.node:
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+            values[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
+    return values
+
+
+def _all_nodes(graph: onnx.GraphProto):
+    for node in graph.node:
+        yield graph, node
+        for a in node.attribute:
+            for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+                yield from _all_nodes(sub)
+
+
+def check(model_proto: onnx.ModelProto, row: Runtime) -> Optional[Obstacle]:
+    """The first obstacle left (a silent one first), or None."""
+    left = obstacles(model_proto, row)
+    return sorted(left, key=lambda o: not o.silent)[0] if left else None
+

@@ -1,0 +1,262 @@
+"""What each runtime a converted model is deployed to computes of the forms this package writes: one table.
+
+A :class:`Runtime` is a row: which recurrent ops it computes and in which directions, which of their
+inputs, outputs and attributes it reads as ONNX defines them, whether it takes ``Scan``, ``If`` and
+``Loop``, which other ops of the written forms it lacks, what it does with a ``Slice`` of step -1 and
+whether it compiles static shapes only. Every fact was measured against the runtime by single-op
+probes and by running converted models (docs/downstream.md gives versions and how); ``silent`` marks
+a fact where the runtime gives a wrong result without an error.
+
+Two readers use the table and nothing else decides by a runtime's name: :func:`obstacles` says why a
+written model is not computed as ONNX defines it by a runtime (the report's "runs in" section), and
+the lowering (:mod:`.lower`) asks a row which rung each layer must stand on (native node, forward
+nodes with a reversal, a Scan, or its steps written out for a fixed time length). A new runtime is a
+row here and its tests.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Optional
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+RECURRENT_OPS = ("LSTM", "GRU", "RNN")
+FORWARD, REVERSE, BIDIRECTIONAL = "forward", "reverse", "bidirectional"
+ALL_DIRECTIONS = frozenset({FORWARD, REVERSE, BIDIRECTIONAL})
+# ONNX input and output slots of LSTM/GRU/RNN, named once
+SEQUENCE_LENS, INITIAL_H, INITIAL_C, PEEPHOLES = 4, 5, 6, 7
+Y, Y_H, Y_C = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """One runtime's row: what it computes of the ops and attributes this package's forms write."""
+
+    key: str  # its name in targets and reports
+    name: str  # as a user knows it, with the version measured
+    target: Optional[str]  # the target whose form it computes (None: every form)
+    recurrent: dict = field(default_factory=lambda: {op: ALL_DIRECTIONS for op in RECURRENT_OPS})
+    gru_linear_before_reset_0: bool = True  # Keras's reset_after=False
+    reads_y_h: frozenset = frozenset(RECURRENT_OPS)  # ops whose Y_h output may be read
+    reads_y_c: bool = True
+    initial_states_needed: frozenset = frozenset()  # ops that must be given initial_h (and c)
+    sequence_lens: str = "computed"  # "computed", "constant" (refused unless constant), "ignored" (silently)
+    peepholes: str = "exact"  # "exact", "wrong" (silently), "none"
+    scan: str = "dynamic"  # "dynamic", "static" (dynamic shapes give silently wrong ones), "none"
+    scan_squeeze: bool = True  # a Squeeze inside a Scan's step compiles
+    lacks: frozenset = frozenset()  # op types it has no lowering or layer for
+    negative_step_slice: str = "exact"  # "exact", "dropped" (silently)
+    static_shapes: bool = False  # compiles for fixed shapes only
+    recurrent_read_as: str = ""  # how a recurrent node's Y must be read to be mapped (ncnn), else ""
+    tolerance: float = 1e-4  # relative error its arithmetic allows against the source (float16: more)
+    package: str = ""  # the Python package that runs it (verification in the runtime)
+    # the obstacles' kinds its target's form removes (None: every one it can, refusing the rest in one line)
+    target_removes: Optional[frozenset] = None
+    measured: str = ""  # the evidence, for the report and docs
+
+
+def _row(key, name, target, **facts) -> Runtime:
+    return Runtime(key, name, target, **facts)
+
+
+_LOOPING = frozenset({"Loop"})
+# what the portable form writes otherwise: masks compacted, zero states given, peephole cells as a Scan, reversals
+# of computed lengths gathered
+_PORTABLE_REMOVES = frozenset({"sequence_lens", "initial_states", "peepholes", "reversal"})
+_MASK_BOOLS = frozenset({"Equal", "Not", "Where", "And", "Or", "Less", "Greater", "GreaterOrEqual", "LessOrEqual"})
+
+RUNTIMES = (
+    _row("onnxruntime", "onnxruntime (CPU, node, web)", None, package="onnxruntime",
+         measured="every form, Loop, Scan and If included, exact"),
+    _row("openvino", "OpenVINO 2026.4", "portable", target_removes=_PORTABLE_REMOVES, sequence_lens="ignored",
+         peepholes="wrong",
+         package="openvino", measured="ignores a computed sequence_lens under dynamic shapes; reads LSTM's P "
+                                      "otherwise than ONNX (0.05 off)"),
+    _row("tract", "tract 0.23", "portable", target_removes=_PORTABLE_REMOVES,
+         sequence_lens="constant",
+         lacks=_LOOPING | {"ReverseSequence"}, package="tract",
+         measured="takes sequence_lens only as a constant; no Loop, no ReverseSequence"),
+    _row("onnx2torch", "PyTorch through onnx2torch 1.5", "portable", target_removes=_PORTABLE_REMOVES,
+         sequence_lens="constant", lacks=_LOOPING | {"ReverseSequence", "Scan", "If", "ScatterElements"},
+         measured="no recurrent converter of its own (the tests supply them, without sequence_lens), "
+                  "no Loop, Scan, If or ReverseSequence"),
+    _row("reference", "ONNX's reference evaluator (onnx.reference)", "portable", target_removes=_PORTABLE_REMOVES,
+         sequence_lens="ignored",
+         measured="its LSTM, GRU and RNN take sequence_lens and do not read it"),
+    _row("iree", "IREE 3.13 (llvm-cpu)", "iree",
+         recurrent={"LSTM": frozenset({FORWARD, BIDIRECTIONAL}), "GRU": frozenset({FORWARD}),
+                    "RNN": frozenset({FORWARD})},
+         sequence_lens="ignored", scan="static", scan_squeeze=False, lacks=_LOOPING, static_shapes=True,
+         package="iree.runtime",
+         measured="reverse nodes and bidirectional GRU/RNN fail to legalize; GRU/RNN need a static batch; "
+                  "sequence_lens silently ignored; a Scan with dynamic dimensions returns a wrong shape; a "
+                  "Squeeze in a Scan's step fails to compile; no Loop"),
+    _row("tvm", "Apache TVM 0.27 (Relax, llvm)", "tvm", recurrent={}, scan="none",
+         lacks=_LOOPING | {"ReverseSequence"}, static_shapes=True, package="tvm",
+         measured="Relax's ONNX frontend has no LSTM, GRU, RNN, Scan, Loop or ReverseSequence converter"),
+    _row("ncnn", "ncnn 1.0.20261020 through pnnx 20261020", "ncnn",
+         recurrent={op: frozenset({FORWARD, BIDIRECTIONAL}) for op in RECURRENT_OPS},
+         gru_linear_before_reset_0=False, reads_y_h=frozenset(), reads_y_c=False, sequence_lens="none",
+         scan="none", lacks=_LOOPING | _MASK_BOOLS | {"ReverseSequence", "If", "ScatterND", "GatherND", "CumSum"},
+         negative_step_slice="dropped", static_shapes=True, recurrent_read_as="squeezed", package="ncnn",
+         measured="a recurrent node is mapped only when just Y is read, squeezed; GRU linear_before_reset=0 "
+                  "not mapped; a Slice with step -1 is silently dropped; no Scan, If, Loop, ReverseSequence "
+                  "or the mask's bool ops"),
+    _row("rknn", "rknn-toolkit2 2.5 simulator (rk3588, float16)", "rknn",
+         reads_y_h=frozenset({"LSTM", "RNN"}), initial_states_needed=frozenset({"LSTM"}), sequence_lens="none",
+         scan="none", lacks=_LOOPING | {"If", "ReverseSequence"} | _MASK_BOOLS, static_shapes=True,
+         tolerance=2e-2, package="rknn.api",
+         measured="an LSTM without initial states at batch > 1 and a GRU whose Y_h is read crash its "
+                  "converter; If and Loop refused; the mask's bool arithmetic aborts ('Not Support Dtype'); "
+                  "a Scan builds too slowly to use"),
+)
+BY_KEY = {runtime.key: runtime for runtime in RUNTIMES}
+TARGETS = tuple(sorted({r.target for r in RUNTIMES if r.target and r.target != "portable"}))
+
+
+def runtime(key: str) -> Runtime:
+    return BY_KEY[key]
+
+
+def for_target(target: str) -> Optional[Runtime]:
+    """The runtime whose own target ``target`` is (``portable`` is several runtimes' and none's own)."""
+    return next((r for r in RUNTIMES if r.target == target and r.key == target), None)
+
+
+@dataclass(frozen=True)
+class Obstacle:
+    """Why ``runtime`` does not compute a node of a written model as ONNX defines it."""
+
+    node: str
+    why: str
+    silent: bool = False  # the runtime gives a wrong result, no error
+    kind: str = "op"  # what about the node: op, direction, y_h, initial_states, scan, slice, inputs, ...
+
+
+def obstacles(model_proto: onnx.ModelProto, row: Runtime) -> list:
+    """What keeps ``row``'s runtime from computing ``model_proto`` as ONNX defines it (empty: nothing
+    among the facts the table holds)."""
+    constants: dict = {}
+    found: list = []
+    static = _static_inputs(model_proto)
+    for graph, node in _nodes(model_proto.graph):
+        constants.update(_constant_values(graph))
+        found.extend(node_obstacles(node, row, constants, static, _read(graph, model_proto.graph)))
+    if row.static_shapes and not static:
+        found.insert(0, Obstacle("inputs", "compiles fixed shapes only: the model's inputs have dynamic dimensions",
+                                    kind="inputs"))
+    return found
+
+
+def node_obstacles(node: onnx.NodeProto, row: Runtime, constants: dict, static: bool, read: set) -> list:
+    """The obstacles of one node (``constants``: name -> value of the constants it may read; ``read``: the
+    names something reads)."""
+    name = node.name or node.output[0]
+    if node.domain not in ("", "ai.onnx"):
+        return []
+    if node.op_type in row.lacks:
+        kind = "reversal" if node.op_type == "ReverseSequence" else "op"
+        return [Obstacle(name, f"has no {node.op_type}", kind=kind)]
+    if node.op_type in RECURRENT_OPS:
+        return _recurrent(node, row, constants, read, name)
+    if node.op_type == "Scan":
+        if row.scan == "none":
+            return [Obstacle(name, "has no Scan", kind="scan")]
+        if row.scan == "static" and not static:
+            return [Obstacle(name, "gives a Scan with dynamic dimensions the wrong output shape", True, "scan")]
+        if not row.scan_squeeze and any(n.op_type == "Squeeze" for n in _body(node)):
+            return [Obstacle(name, "fails to compile a Squeeze in a Scan's step", kind="scan")]
+    if node.op_type == "Slice" and row.negative_step_slice == "dropped" and _negative_step(node, constants):
+        return [Obstacle(name, "drops a Slice with step -1", True, "slice")]
+    return []
+
+
+def _recurrent(node, row: Runtime, constants: set, read: set, name: str) -> list:
+    op, found = node.op_type, []
+    direction = attribute(node, "direction", FORWARD)
+    if direction not in row.recurrent.get(op, ()):
+        found.append(Obstacle(name, f"has no {op}" if op not in row.recurrent else f"has no {direction} {op}",
+                              kind="direction" if op in row.recurrent else "op"))
+        return found
+    if op == "GRU" and not attribute(node, "linear_before_reset", 0) and not row.gru_linear_before_reset_0:
+        found.append(Obstacle(name, "has no GRU with linear_before_reset=0 (Keras's reset_after=False)", kind="op"))
+    lengths = _slot(node.input, SEQUENCE_LENS)
+    if lengths:
+        if row.sequence_lens == "ignored" and lengths not in constants:
+            found.append(Obstacle(name, f"ignores {op}'s computed sequence_lens", True, "sequence_lens"))
+        elif row.sequence_lens == "constant" and lengths not in constants:
+            found.append(Obstacle(name, f"takes {op}'s sequence_lens only as a constant", kind="sequence_lens"))
+        elif row.sequence_lens == "none":
+            found.append(Obstacle(name, f"has no {op} with sequence_lens", kind="sequence_lens"))
+    if op == "LSTM" and _slot(node.input, PEEPHOLES) and row.peepholes != "exact":
+        found.append(Obstacle(name, "computes LSTM peepholes otherwise than ONNX", row.peepholes == "wrong",
+                              "peepholes"))
+    if _slot(node.output, Y_H) in read and op not in row.reads_y_h:
+        found.append(Obstacle(name, f"fails on a read Y_h of {op}", kind="y_h"))
+    if op == "LSTM" and _slot(node.output, Y_C) in read and not row.reads_y_c:
+        found.append(Obstacle(name, "fails on a read Y_c of LSTM", kind="op"))
+    if op in row.initial_states_needed and not _slot(node.input, INITIAL_H):
+        found.append(Obstacle(name, f"fails on {op} without initial states", kind="initial_states"))
+    return found
+
+
+def attribute(node: onnx.NodeProto, name: str, default=None):
+    for a in node.attribute:
+        if a.name == name:
+            value = helper.get_attribute_value(a)
+            return value.decode() if isinstance(value, bytes) else value
+    return default
+
+
+def _slot(names, index: int) -> str:
+    return names[index] if len(names) > index else ""
+
+
+def _negative_step(node: onnx.NodeProto, constants: dict) -> bool:
+    steps = constants.get(node.input[4]) if len(node.input) > 4 and node.input[4] else None
+    return len(node.input) > 4 and bool(node.input[4]) and (steps is None or bool((np.asarray(steps) < 0).any()))
+
+
+def _constant_values(graph: onnx.GraphProto) -> dict:
+    values = {t.name: t for t in graph.initializer}
+    values.update({n.output[0]: n.attribute[0].t for n in graph.node
+                   if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"})
+    return {name: numpy_helper.to_array(t) for name, t in values.items()}
+
+
+def _nodes(graph: onnx.GraphProto) -> Iterable:
+    for node in graph.node:
+        yield graph, node
+        for a in node.attribute:
+            for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+                yield from _nodes(sub)
+
+
+def _body(node: onnx.NodeProto) -> list:
+    return [n for a in node.attribute if a.type == onnx.AttributeProto.GRAPH for _, n in _nodes(a.g)]
+
+
+def _read(graph: onnx.GraphProto, main: onnx.GraphProto) -> set:
+    read = {name for _, n in _nodes(main) for name in n.input}
+    return read | {o.name for o in main.output} | {o.name for o in graph.output}
+
+
+def _static_inputs(model_proto: onnx.ModelProto) -> bool:
+    constants = {t.name for t in model_proto.graph.initializer}
+    return all(d.HasField("dim_value") for i in model_proto.graph.input if i.name not in constants
+               for d in i.type.tensor_type.shape.dim)
+
+
+def runs_in(model_proto: onnx.ModelProto) -> tuple:
+    """(the runtimes that compute ``model_proto`` as ONNX defines it, {runtime: its first obstacle}) over
+    every row of the table."""
+    computing, not_computing = [], {}
+    for row in RUNTIMES:
+        found = obstacles(model_proto, row)
+        if found:
+            not_computing[row.key] = sorted(found, key=lambda o: not o.silent)[0]
+        else:
+            computing.append(row.key)
+    return computing, not_computing

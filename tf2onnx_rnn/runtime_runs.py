@@ -1,0 +1,171 @@
+"""A written model run in a runtime other than onnxruntime, the way that runtime's users run one.
+
+This file is also a script, run by an interpreter that has the runtime (which may be another
+environment than the converting one: each of these runtimes pins its own onnx, numpy and torch):
+
+    python runtime_runs.py RUNTIME model.onnx feeds.npz outputs.npz
+
+It imports numpy, onnx and the runtime only, nothing of this package. The feeds are the model's
+inputs by name; the outputs are written as ``out<k>``, in the model's order. A failure prints one
+line on stderr and exits 2 (the runtime refused or failed on the model); a crash of the runtime
+kills only this process, which its caller (:mod:`.runtime_check`) reports.
+
+How each runtime is driven (docs/downstream.md names the versions measured):
+- ``iree``: ``iree-import-onnx`` to MLIR, ``iree-compile`` for the ``llvm-cpu`` backend, run with
+  ``iree.runtime`` on the ``local-task`` driver;
+- ``tvm``: Relax's ONNX frontend (``from_onnx`` with the feeds' shapes), ``tvm.compile`` for ``llvm``,
+  run on Relax's virtual machine;
+- ``ncnn``: ``pnnx`` writes the ncnn param and bin files for the feeds' shapes (``fp16=0``), run with
+  ``ncnn.Net``; ncnn's blobs have no batch axis, so each batch row is run on its own, as ncnn's users do;
+- ``rknn``: rknn-toolkit2 builds for ``rk3588`` without quantization and runs its simulator (float16).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+
+def _outputs_of(path: str) -> list:
+    import onnx
+
+    model = onnx.load(path, load_external_data=False)
+    return [o.name for o in model.graph.output]
+
+
+def _inputs_of(path: str) -> list:
+    import onnx
+
+    model = onnx.load(path, load_external_data=False)
+    constants = {t.name for t in model.graph.initializer}
+    return [i.name for i in model.graph.input if i.name not in constants]
+
+
+def run_iree(path: str, feeds: dict, work: str) -> list:
+    import iree.compiler as compiler
+    import iree.runtime as runtime
+
+    mlir = os.path.join(work, "model.mlir")
+    _check_call([sys.executable, "-m", "iree.compiler.tools.import_onnx", path, "-o", mlir])
+    vmfb = compiler.compile_file(mlir, target_backends=["llvm-cpu"], input_type="auto",
+                                 extra_args=["--iree-llvmcpu-target-cpu=host"])
+    config = runtime.Config("local-task")
+    context = runtime.SystemContext(config=config)
+    module = runtime.VmModule.copy_buffer(context.instance, vmfb)
+    context.add_vm_module(module)
+    functions = [name for name in module.function_names if not name.startswith("__") and "$" not in name]
+    main = context.modules[module.name][functions[0]]
+    results = main(*[feeds[name] for name in _inputs_of(path)])
+    results = results if isinstance(results, (list, tuple)) else [results]
+    return [np.asarray(r.to_host() if hasattr(r, "to_host") else r) for r in results]
+
+
+def run_tvm(path: str, feeds: dict, work: str) -> list:
+    import onnx
+    import tvm
+    from tvm import relax
+    from tvm.relax.frontend.onnx import from_onnx
+
+    model = onnx.load(path)
+    names = _inputs_of(path)
+    module = from_onnx(model, shape_dict={n: list(feeds[n].shape) for n in names},
+                       dtype_dict={n: str(feeds[n].dtype) for n in names}, keep_params_in_input=False)
+    module = relax.transform.DecomposeOpsForInference()(module)
+    module = relax.transform.LegalizeOps()(module)
+    executable = tvm.compile(module, target="llvm")
+    machine = relax.VirtualMachine(executable, tvm.cpu())
+    result = machine["main"](*[tvm.runtime.tensor(feeds[n]) if hasattr(tvm.runtime, "tensor")
+                               else tvm.nd.array(feeds[n]) for n in names])
+    results = list(result) if not hasattr(result, "numpy") else [result]
+    return [np.asarray(r.numpy()) for r in results]
+
+
+def run_ncnn(path: str, feeds: dict, work: str) -> list:
+    import ncnn
+
+    names = _inputs_of(path)
+    local = os.path.join(work, "model.onnx")
+    with open(path, "rb") as source, open(local, "wb") as copy:
+        copy.write(source.read())
+    shapes = ",".join("[" + ",".join(str(d) for d in feeds[n].shape) + "]" for n in names)
+    _check_call(["pnnx", local, f"inputshape={shapes}", "fp16=0"], cwd=work)
+    param, weights = os.path.join(work, "model.ncnn.param"), os.path.join(work, "model.ncnn.bin")
+    blobs_in, blobs_out = _ncnn_blobs(param)
+    outputs = [[] for _ in blobs_out]
+    net = ncnn.Net()
+    net.opt.use_fp16_packed = net.opt.use_fp16_storage = net.opt.use_fp16_arithmetic = False
+    net.opt.use_bf16_storage = False
+    if net.load_param(param) != 0 or net.load_model(weights) != 0:
+        raise RuntimeError("ncnn cannot load the param/bin pnnx wrote")
+    batch = feeds[names[0]].shape[0]
+    for row in range(batch):
+        extractor = net.create_extractor()
+        for blob, name in zip(blobs_in, names):
+            extractor.input(blob, ncnn.Mat(np.ascontiguousarray(feeds[name][row])))
+        for k, blob in enumerate(blobs_out):
+            status, mat = extractor.extract(blob)
+            if status != 0:
+                raise RuntimeError(f"ncnn cannot compute {blob}")
+            outputs[k].append(np.array(mat))
+    return [np.stack(rows) for rows in outputs]
+
+
+def _ncnn_blobs(param: str) -> tuple:
+    """The input and output blob names pnnx gave an ncnn param file (``in0``..., ``out0``...)."""
+    with open(param) as handle:
+        words = handle.read().split()
+    blobs = sorted({w for w in words if w.startswith(("in", "out")) and w[-1].isdigit()
+                    and w.lstrip("inout").isdigit()}, key=lambda w: (w.startswith("out"), int(w.lstrip("inout"))))
+    return [b for b in blobs if b.startswith("in")], [b for b in blobs if b.startswith("out")]
+
+
+def run_rknn(path: str, feeds: dict, work: str) -> list:
+    from rknn.api import RKNN
+
+    names = _inputs_of(path)
+    rknn = RKNN(verbose=False)
+    try:
+        rknn.config(target_platform="rk3588")
+        if rknn.load_onnx(model=path, inputs=names, input_size_list=[list(feeds[n].shape) for n in names]) != 0:
+            raise RuntimeError("rknn-toolkit2 cannot load the model")
+        if rknn.build(do_quantization=False) != 0:
+            raise RuntimeError("rknn-toolkit2 cannot build the model")
+        if rknn.init_runtime() != 0:
+            raise RuntimeError("rknn-toolkit2's simulator cannot start")
+        results = rknn.inference(inputs=[feeds[n] for n in names], data_format=["nchw"] * len(names))
+        if results is None:
+            raise RuntimeError("rknn-toolkit2's simulator computed nothing")
+        return [np.asarray(r) for r in results]
+    finally:
+        rknn.release()
+
+
+RUNNERS = {"iree": run_iree, "tvm": run_tvm, "ncnn": run_ncnn, "rknn": run_rknn}
+
+
+def _check_call(command: list, cwd=None) -> None:
+    done = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
+    if done.returncode != 0:
+        lines = [line for line in (done.stderr + done.stdout).splitlines() if line.strip()]
+        raise RuntimeError(f"{os.path.basename(command[0])} failed: {lines[-1] if lines else done.returncode}")
+
+
+def main(argv: list) -> int:
+    runtime, path, feeds_path, outputs_path = argv
+    feeds = dict(np.load(feeds_path))
+    with tempfile.TemporaryDirectory() as work:
+        try:
+            results = RUNNERS[runtime](os.path.abspath(path), feeds, work)
+        except Exception as error:  # noqa: BLE001 - one line for the caller
+            print(f"{type(error).__name__}: {str(error).strip().splitlines()[-1] if str(error).strip() else ''}",
+                  file=sys.stderr)
+            return 2
+    np.savez(outputs_path, **{f"out{k}": r for k, r in enumerate(results)})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
