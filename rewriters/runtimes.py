@@ -49,6 +49,7 @@ class Runtime:
     lacks: frozenset = frozenset()  # op types it has no lowering or layer for
     negative_step_slice: str = "exact"  # "exact", "dropped" (silently)
     static_shapes: bool = False  # compiles for fixed shapes only
+    steps: bool = True  # computes a layer's steps written out (MatMul, Add, activations, Split, Concat)
     recurrent_read_as: str = ""  # how a recurrent node's Y must be read to be mapped (ncnn), else ""
     tolerance: float = 1e-4  # relative error its arithmetic allows against the source (float16: more)
     package: str = ""  # the Python package that runs it (verification in the runtime)
@@ -96,14 +97,15 @@ RUNTIMES = (
     _row("tvm", "Apache TVM 0.27 (Relax, llvm)", "tvm", recurrent={}, scan="none",
          lacks=_LOOPING | {"ReverseSequence"}, static_shapes=True, package="tvm",
          measured="Relax's ONNX frontend has no LSTM, GRU, RNN, Scan, Loop or ReverseSequence converter"),
-    _row("ncnn", "ncnn 1.0.20261020 through pnnx 20261020", "ncnn",
-         recurrent={op: frozenset({FORWARD, BIDIRECTIONAL}) for op in RECURRENT_OPS},
+    _row("ncnn", "ncnn 1.0.20261020 through pnnx 20261020", None,
+         recurrent={op: frozenset({FORWARD}) for op in RECURRENT_OPS}, steps=False,
          gru_linear_before_reset_0=False, reads_y_h=frozenset(), reads_y_c=False, sequence_lens="none",
          scan="none", lacks=_LOOPING | _MASK_BOOLS | {"ReverseSequence", "If", "ScatterND", "GatherND", "CumSum"},
          negative_step_slice="dropped", static_shapes=True, recurrent_read_as="squeezed", package="ncnn",
-         measured="a recurrent node is mapped only when just Y is read, squeezed; GRU linear_before_reset=0 "
-                  "not mapped; a Slice with step -1 is silently dropped; no Scan, If, Loop, ReverseSequence "
-                  "or the mask's bool ops"),
+         measured="a forward recurrent node is mapped only when just Y is read; a bidirectional node as written "
+                  "and GRU linear_before_reset=0 not mapped; a layer's steps written out fail at batch > 1; a "
+                  "Slice with step -1 is silently dropped; no Scan, If, Loop, ReverseSequence or the mask's bool "
+                  "ops"),
     _row("rknn", "rknn-toolkit2 2.5 simulator (rk3588, float16)", "rknn",
          reads_y_h=frozenset({"LSTM", "RNN"}), initial_states_needed=frozenset({"LSTM"}), sequence_lens="none",
          scan="none", lacks=_LOOPING | {"If", "ReverseSequence"} | _MASK_BOOLS, static_shapes=True,
@@ -193,9 +195,9 @@ def _recurrent(node, row: Runtime, constants: set, read: set, name: str) -> list
     if op == "LSTM" and _slot(node.input, PEEPHOLES) and row.peepholes != "exact":
         found.append(Obstacle(name, "computes LSTM peepholes otherwise than ONNX", row.peepholes == "wrong",
                               "peepholes"))
-    if _slot(node.output, Y_H) in read and op not in row.reads_y_h:
+    if _slot(node.output, Y_H) in read - {""} and op not in row.reads_y_h:
         found.append(Obstacle(name, f"fails on a read Y_h of {op}", kind="y_h"))
-    if op == "LSTM" and _slot(node.output, Y_C) in read and not row.reads_y_c:
+    if op == "LSTM" and _slot(node.output, Y_C) in read - {""} and not row.reads_y_c:
         found.append(Obstacle(name, "fails on a read Y_c of LSTM", kind="op"))
     if op in row.initial_states_needed and not _slot(node.input, INITIAL_H):
         found.append(Obstacle(name, f"fails on {op} without initial states", kind="initial_states"))

@@ -7,13 +7,27 @@ first) and the target that writes a form it computes, where one does.
 """
 from __future__ import annotations
 
+import logging
+
 import onnx
 
 from .rewriters.runtimes import RUNTIMES, obstacles
 
+logger = logging.getLogger("tf2onnx_rnn")
+
 
 def consumer_notes(model_proto: onnx.ModelProto) -> tuple:
-    """The report's lines: the runtimes computing ``model_proto``, then one line per runtime that does not."""
+    """The report's lines: the runtimes computing ``model_proto``, then one line per runtime that does not.
+    A failure to read the table leaves the report without them, and says so in the log."""
+    try:
+        return _notes(model_proto)
+    except Exception as error:  # noqa: BLE001 - the model is as converted; only the report's lines are missing
+        logger.warning("the report does not say where the model runs: internal error: %s: %s",
+                       type(error).__name__, error, exc_info=True)
+        return ()
+
+
+def _notes(model_proto: onnx.ModelProto) -> tuple:
     computing, lines = [], []
     for row in RUNTIMES:
         found = sorted(obstacles(model_proto, row), key=lambda o: not o.silent)

@@ -1,6 +1,6 @@
 """Verification in the runtime a target writes for: the written model run there, against its source.
 
-``--verify`` with a runtime's target (``iree``, ``tvm``, ``ncnn``, ``rknn``) first verifies in onnxruntime, as
+``--verify`` with a runtime's target (``iree``, ``tvm``, ``rknn``) first verifies in onnxruntime, as
 always, then once more in that runtime, where its Python package is installed: each round runs
 :mod:`.runtime_runs` in a child process (a runtime that crashes takes only that process down, and is
 reported in one line). The interpreter is this one, or the one the environment variable

@@ -86,6 +86,8 @@ def last_step_as_y_h(graph: onnx.GraphProto, node: onnx.NodeProto, w: Writer) ->
     copy.CopyFrom(node)
     copy.output[Y] = y
     copy.output[Y_H] = ""
+    while copy.output and not copy.output[-1]:  # no trailing unnamed output (onnxruntime 1.26 refuses one)
+        del copy.output[-1]
     w.nodes.insert(0, copy)
     w.op("Concat" if len(parts) > 1 else "Identity", parts, f"{base}_Y_h", output_names=[y_h],
          **({"axis": 0} if len(parts) > 1 else {}))

@@ -55,6 +55,10 @@ def _one_rung(graph, node, found: list, row: Runtime, shapes: dict, constants: d
     if node.op_type == "Slice" and kinds == {"slice"}:
         return _reversal_as_concat(node, shapes, constants, w)
     steps, batch = _time_and_batch(node, shapes)
+    native = kinds <= {"y_h", "initial_states"} or (kinds <= {"direction", "y_h", "initial_states"}
+                                                     and FORWARD in row.recurrent.get(node.op_type, ()))
+    if node.op_type in RECURRENT_OPS + ("Scan",) and not row.steps and not native:
+        raise CannotLower(f"its {node.op_type} would be its steps written out, which {row.name} does not compute")
     if node.op_type == "Scan":
         if not steps:
             raise CannotLower("its Scan needs a fixed number of steps: give the inputs fixed shapes")

@@ -1,0 +1,311 @@
+"""The runtime targets (``iree``, ``tvm``, ``rknn``) and the table of runtimes behind them.
+
+Without any of those runtimes, this checks what can be checked in onnxruntime: every lowering rung
+(a recurrent node as its steps, a Scan as its steps, forward nodes with a reversal, ``Y_h`` from ``Y``,
+zero initial states) computes what the node or Scan computes, for every op, direction and attribute the
+package writes; each target's model equals Keras (both flavors, random weights and biases, batch unlike
+time, a mask mixing full, post-padded, pre-padded, holed and empty rows) and holds nothing its runtime's
+row lacks; a dynamic signature is refused in one line naming ``inputs``; the report's "runs in" lines
+follow the table. With a runtime's interpreter named by ``TF2ONNX_RNN_<RUNTIME>_PYTHON`` (CI's runtime
+slice makes one environment per runtime), every target model also runs in its runtime against Keras.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import helpers
+import parity
+from tf2onnx_rnn import ConversionError, convert_keras, report_of
+from tf2onnx_rnn.rewriters.lower.build import Writer
+from tf2onnx_rnn.rewriters.lower.forward import as_forward_nodes, last_step_as_y_h, zero_initial_states
+from tf2onnx_rnn.rewriters.lower.steps import node_as_steps
+from tf2onnx_rnn.rewriters.runtimes import BY_KEY, RUNTIMES, obstacles
+
+BATCH, TIME, FEATURES, UNITS = 3, 7, 5, 6  # batch unlike time
+TARGETS = ("iree", "tvm", "rknn")
+GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
+
+
+# -- the rungs on single nodes, in onnxruntime -------------------------------------------------------------
+def _node_model(op, direction, seed, lbr=0, states=False, peepholes=False, lengths=False, clip=None,
+                activations=None):
+    rng = np.random.default_rng(seed)
+    gates, dirs = GATES[op], 2 if direction == "bidirectional" else 1
+    inits = [numpy_helper.from_array(rng.normal(0, .5, shape).astype(np.float32), name) for name, shape in
+             (("W", (dirs, gates * UNITS, FEATURES)), ("R", (dirs, gates * UNITS, UNITS)),
+              ("B", (dirs, 2 * gates * UNITS)))]
+    inputs = ["x", "W", "R", "B", "L" if lengths else "", "h0" if states else "",
+              "c0" if states and op == "LSTM" else "", "P" if peepholes else ""]
+    while not inputs[-1]:
+        inputs.pop()
+    graph_inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [TIME, BATCH, FEATURES])]
+    if lengths:
+        graph_inputs.append(helper.make_tensor_value_info("L", TensorProto.INT32, [BATCH]))
+    for name in ("h0", "c0") if states else ():
+        if name in inputs:
+            graph_inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, [dirs, BATCH, UNITS]))
+    if peepholes:
+        inits.append(numpy_helper.from_array(rng.normal(0, .5, (dirs, 3 * UNITS)).astype(np.float32), "P"))
+    attrs = dict(hidden_size=UNITS, direction=direction, **(activations or {}))
+    if op == "GRU":
+        attrs["linear_before_reset"] = lbr
+    if clip:
+        attrs["clip"] = clip
+    outputs = ["Y", "Y_h", "Y_c"][:3 if op == "LSTM" else 2]
+    node = helper.make_node(op, inputs, outputs, name="recurrent", **attrs)
+    graph = helper.make_graph([node], "g", graph_inputs,
+                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    feeds = {"x": rng.normal(size=(TIME, BATCH, FEATURES)).astype(np.float32)}
+    if lengths:
+        feeds["L"] = np.array([TIME, 0, 3], np.int32)  # a full row, an empty one, a short one
+    for name in ("h0", "c0") if states else ():
+        if name in inputs:
+            feeds[name] = rng.normal(size=(dirs, BATCH, UNITS)).astype(np.float32)
+    return model, feeds
+
+
+def _run(model, feeds):
+    return helpers.ort_session(model).run(None, feeds)
+
+
+def _rewritten(model, rewrite):
+    graph = model.graph
+    constants = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    rewrite(graph, graph.node[0], constants.get, Writer(graph, 17))
+    return model
+
+
+def _assert_same(before, after, feeds):
+    for want, got in zip(_run(before, feeds), _run(after, feeds)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+NODE_CASES = [case for case in itertools.product(("LSTM", "GRU", "RNN"), ("forward", "reverse", "bidirectional"),
+                                                 (0, 1), (False, True), (False, True), (False, True))
+              if (case[0] == "GRU" or not case[2]) and (case[0] == "LSTM" or not case[4])
+              and (case[1] == "forward" or not case[5])]
+
+
+@pytest.mark.parametrize("op,direction,lbr,states,peepholes,lengths", NODE_CASES,
+                         ids=lambda v: str(v))
+def test_a_recurrent_node_as_its_steps_computes_the_node(op, direction, lbr, states, peepholes, lengths):
+    model, feeds = _node_model(op, direction, 1, lbr, states, peepholes, lengths, clip=1.5 if states else None)
+    before = onnx.ModelProto()
+    before.CopyFrom(model)
+    after = _rewritten(model, lambda g, n, c, w: node_as_steps(g, n, TIME, BATCH, c, w))
+    assert not helpers.nodes_of_types(after, helpers.RECURRENT_OPS)
+    _assert_same(before, after, feeds)
+
+
+@pytest.mark.parametrize("activations", [
+    dict(activations=["HardSigmoid", "Relu", "Elu"], activation_alpha=[0.3, 0.0, 1.2], activation_beta=[0.4, 0, 0]),
+    dict(activations=["Affine", "ScaledTanh", "Softsign"], activation_alpha=[0.5, 1.5, 0],
+         activation_beta=[.1, .7, 0]),
+    dict(activations=["LeakyRelu", "Softplus", "Tanh"], activation_alpha=[0.2, 0, 0])],
+    ids=lambda a: a["activations"][0])
+def test_the_steps_apply_the_nodes_activations(activations):
+    model, feeds = _node_model("LSTM", "forward", 2, activations=activations)
+    before = onnx.ModelProto()
+    before.CopyFrom(model)
+    _assert_same(before, _rewritten(model, lambda g, n, c, w: node_as_steps(g, n, TIME, BATCH, c, w)), feeds)
+
+
+@pytest.mark.parametrize("op,direction", itertools.product(("LSTM", "GRU", "RNN"), ("reverse", "bidirectional")))
+def test_a_backward_node_as_forward_nodes_computes_the_node(op, direction):
+    model, feeds = _node_model(op, direction, 3, states=True)
+    before = onnx.ModelProto()
+    before.CopyFrom(model)
+    after = _rewritten(model, lambda g, n, c, w: as_forward_nodes(g, n, c, w))
+    assert {helpers.direction_of(n) for n in helpers.nodes_of_types(after, [op])} == {"forward"}
+    _assert_same(before, after, feeds)
+
+
+@pytest.mark.parametrize("op,direction", itertools.product(("LSTM", "GRU", "RNN"),
+                                                           ("forward", "reverse", "bidirectional")))
+def test_y_h_taken_from_y_and_zero_states_given_compute_the_node(op, direction):
+    model, feeds = _node_model(op, direction, 4)
+    before = onnx.ModelProto()
+    before.CopyFrom(model)
+    after = _rewritten(model, lambda g, n, c, w: last_step_as_y_h(g, n, w))
+    (node,) = helpers.nodes_of_types(after, [op])
+    assert len(node.output) < 2 or not node.output[1]
+    _assert_same(before, after, feeds)
+    after = _rewritten(after, lambda g, n, c, w: zero_initial_states(
+        g, next(x for x in g.node if x.op_type == op), BATCH, np.float32, w))
+    (node,) = helpers.nodes_of_types(after, [op])
+    assert node.input[5]
+    _assert_same(before, after, feeds)
+
+
+# -- Keras models through each target, in onnxruntime and (where installed) the runtime -------------------
+def _model(K, name: str, seed: int):
+    layers = K.layers
+    x = K.Input((TIME, FEATURES), name="x")
+    if name == "lstm":
+        y = layers.LSTM(UNITS, return_sequences=True)(x)
+    elif name == "gru_reset_before":
+        y = layers.GRU(UNITS, return_sequences=True, reset_after=False)(x)
+    elif name == "gru":
+        y = layers.GRU(UNITS, return_sequences=True)(x)
+    elif name == "simple_rnn":
+        y = layers.SimpleRNN(UNITS, return_sequences=True)(x)
+    elif name == "go_backwards":
+        y = layers.LSTM(UNITS, go_backwards=True)(x)
+    elif name == "bidirectional_concat":
+        y = layers.Bidirectional(layers.LSTM(UNITS, return_sequences=True))(x)
+    elif name == "bidirectional_gru_sum":
+        y = layers.Bidirectional(layers.GRU(UNITS, return_sequences=True), merge_mode="sum")(x)
+    elif name == "stack_states":
+        seq, h, c = layers.LSTM(UNITS, return_sequences=True, return_state=True)(x)
+        y = layers.GRU(UNITS)(seq, initial_state=h)
+    elif name == "masked":
+        y = layers.LSTM(UNITS, return_sequences=True)(layers.Masking(0.0)(x))
+    elif name == "masked_bidirectional_gru":
+        y = layers.Bidirectional(layers.GRU(UNITS, return_sequences=True))(layers.Masking(0.0)(x))
+    elif name == "gelu_scan":
+        y = layers.SimpleRNN(UNITS, activation="gelu", return_sequences=True)(x)
+    model = K.Model(x, y)
+    rng = np.random.default_rng(seed)
+    for weight in model.weights:
+        weight.assign(rng.normal(0, 0.5, tuple(weight.shape)).astype(np.float32))
+    return model
+
+
+MODELS = ("lstm", "gru", "gru_reset_before", "simple_rnn", "go_backwards", "bidirectional_concat",
+          "bidirectional_gru_sum", "stack_states", "masked", "masked_bidirectional_gru", "gelu_scan")
+MASKED = ("masked", "masked_bidirectional_gru")
+_CONVERTED: dict = {}
+
+
+def _inputs(name: str) -> np.ndarray:
+    x = np.random.default_rng(7).normal(size=(BATCH, TIME, FEATURES)).astype(np.float32)
+    if name in MASKED:  # full, post-padded and pre-padded with a hole; an empty row needs batch 4
+        x[1, 5:] = 0
+        x[2, :2] = 0
+        x[2, 4] = 0
+    return x
+
+
+def converted(flavor: str, name: str, target: str):
+    """(the Keras model's output, the target's model or the ConversionError), once per process."""
+    key = (flavor, name, target)
+    if key not in _CONVERTED:
+        import tensorflow as tf
+
+        model = _model(parity.keras_module(flavor), name, 11 + MODELS.index(name))
+        x = _inputs(name)
+        want = np.asarray(model(x, training=False))
+        try:
+            proto = convert_keras(model, input_signature=[tf.TensorSpec(x.shape, tf.float32, name="x")],
+                                  target=target)
+        except ConversionError as error:
+            proto = error
+        _CONVERTED[key] = (x, want, proto)
+    return _CONVERTED[key]
+
+
+# what a target refuses, each with the measured reason the refusal names (docs/downstream.md)
+REFUSED = {("rknn", name): "cannot compute" for name in MASKED}
+
+
+@pytest.mark.parametrize("flavor", parity.FLAVORS)
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_target_model_equals_keras_and_holds_nothing_its_runtime_lacks(target, name, flavor):
+    x, want, proto = converted(flavor, name, target)
+    if (target, name) in REFUSED:
+        assert isinstance(proto, ConversionError), f"{target} {name} was expected to be refused"
+        message = str(proto)
+        assert "\n" not in message and message.startswith(f"target {target}: {BY_KEY[target].name} cannot compute")
+        assert REFUSED[(target, name)] in message, message
+        return
+    assert not isinstance(proto, ConversionError), proto
+    assert not obstacles(proto, BY_KEY[target]), obstacles(proto, BY_KEY[target])
+    assert not helpers.nodes_of_types(proto, ["Loop"])
+    (got,) = _run(proto, {"x": x})
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    report = report_of(proto)
+    assert report.consumers[0].startswith("runs in, as ONNX defines it:") and target in report.consumers[0], \
+        report.table()
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_target_refuses_a_dynamic_signature_in_one_line_naming_inputs(target):
+    K = parity.keras_module(parity.FLAVORS[0])
+    model = _model(K, "lstm", 3)
+    with pytest.raises(ConversionError) as raised:
+        convert_keras(model, target=target)
+    message = str(raised.value)
+    assert "\n" not in message and "fixed shapes" in message and "inputs" in message, message
+
+
+def test_the_report_names_the_runtimes_and_the_silent_obstacles_of_the_default_form():
+    K = parity.keras_module(parity.FLAVORS[0])
+    proto = convert_keras(_model(K, "masked", 12))
+    lines = report_of(proto).consumers
+    assert lines[0].startswith("runs in, as ONNX defines it: onnxruntime"), lines
+    iree = next(line for line in lines if line.startswith("note: IREE"))
+    assert "sequence_lens" in iree and "silently wrong" in iree and "--target iree" in iree, lines
+    tvm = next(line for line in lines if line.startswith("note: Apache TVM"))
+    assert "--target tvm" in tvm, lines
+    assert "openvino" not in lines[0] and "iree" not in lines[0], lines
+
+
+def test_every_runtime_target_has_its_row_and_every_row_its_evidence():
+    for target in TARGETS:
+        row = BY_KEY[target]
+        assert row.target == target and row.measured and row.package and row.static_shapes
+    assert all(row.measured for row in RUNTIMES)
+
+
+# -- in the runtimes themselves ---------------------------------------------------------------------------
+def _python(target: str):
+    from tf2onnx_rnn.runtime_check import python_for
+
+    return python_for(BY_KEY[target])
+
+
+@pytest.mark.parametrize("flavor", parity.FLAVORS)
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_target_model_equals_keras_in_its_runtime(target, name, flavor, tmp_path):
+    python = _python(target)
+    if python is None:
+        pytest.skip(f"{BY_KEY[target].name} is not installed (set TF2ONNX_RNN_{target.upper()}_PYTHON to an "
+                    f"interpreter that has {BY_KEY[target].package})")
+    if (target, name) in REFUSED:
+        pytest.skip("refused: the test above checks the refusal")
+    x, want, proto = converted(flavor, name, target)
+    from tf2onnx_rnn.runtime_check import RuntimeSession
+
+    session = RuntimeSession(proto, BY_KEY[target], python, str(tmp_path))
+    (got,) = session.run(None, {"x": x})
+    tolerance = max(1e-4, BY_KEY[target].tolerance)
+    np.testing.assert_allclose(np.asarray(got).reshape(want.shape), want, rtol=tolerance, atol=tolerance)
+
+
+def test_verify_with_a_target_runs_in_that_runtime_or_says_it_is_missing(tmp_path):
+    """``--verify --target tvm``: verified in TVM where the runtime is there, else the check line says so."""
+    example = os.path.join(os.path.dirname(__file__), "..", "examples", "lstm_gru_savedmodel")
+    output = str(tmp_path / "m.onnx")
+    done = subprocess.run([sys.executable, "-m", "tf2onnx_rnn.convert", "--saved-model", example, "--output", output,
+                           "--target", "tvm", "--inputs", "sequence[2,12,8]", "--verify"],
+                          capture_output=True, text=True)
+    text = done.stdout + done.stderr
+    if done.returncode == 2 and "inputs" in text:  # the example's input has another name or shape
+        pytest.skip(text.strip().splitlines()[-1])
+    assert done.returncode == 0, text
+    if _python("tvm"):
+        assert "ONNX in Apache TVM" in text and "verified in Apache TVM" in text, text
+    else:
+        assert "is not installed here" in text and "verified in onnxruntime only" in text, text
