@@ -50,6 +50,11 @@ class Runtime:
     negative_step_slice: str = "exact"  # "exact", "dropped" (silently)
     static_shapes: bool = False  # compiles for fixed shapes only
     steps: bool = True  # computes a layer's steps written out (MatMul, Add, activations, Split, Concat)
+    given_states: bool = True  # maps a recurrent node whose initial states are given
+    shared_weights: bool = True  # maps a MatMul whose constant weight other MatMuls read too
+    batch_one: bool = False  # computes one batch row at a time (its tensors have no batch axis)
+    computed_gemm_bias: bool = True  # computes a Gemm whose C input is not a constant
+    max_input_rank: int = 0  # the highest rank of an input it takes (0: any)
     recurrent_read_as: str = ""  # how a recurrent node's Y must be read to be mapped (ncnn), else ""
     tolerance: float = 1e-4  # relative error its arithmetic allows against the source (float16: more)
     package: str = ""  # the Python package that runs it (verification in the runtime)
@@ -97,15 +102,19 @@ RUNTIMES = (
     _row("tvm", "Apache TVM 0.27 (Relax, llvm)", "tvm", recurrent={}, scan="none",
          lacks=_LOOPING | {"ReverseSequence"}, static_shapes=True, package="tvm",
          measured="Relax's ONNX frontend has no LSTM, GRU, RNN, Scan, Loop or ReverseSequence converter"),
-    _row("ncnn", "ncnn 1.0.20261020 through pnnx 20261020", None,
-         recurrent={op: frozenset({FORWARD}) for op in RECURRENT_OPS}, steps=False,
+    _row("ncnn", "ncnn 1.0.20261020 through pnnx 20261020", "ncnn",
+         recurrent={op: frozenset({FORWARD}) for op in RECURRENT_OPS}, given_states=False, shared_weights=False,
+         batch_one=True, computed_gemm_bias=False, max_input_rank=4,
          gru_linear_before_reset_0=False, reads_y_h=frozenset(), reads_y_c=False, sequence_lens="none",
          scan="none", lacks=_LOOPING | _MASK_BOOLS | {"ReverseSequence", "If", "ScatterND", "GatherND", "CumSum"},
          negative_step_slice="dropped", static_shapes=True, recurrent_read_as="squeezed", package="ncnn",
-         measured="a forward recurrent node is mapped only when just Y is read; a bidirectional node as written "
-                  "and GRU linear_before_reset=0 not mapped; a layer's steps written out fail at batch > 1; a "
-                  "Slice with step -1 is silently dropped; no Scan, If, Loop, ReverseSequence or the mask's bool "
-                  "ops"),
+         measured="a forward recurrent node is mapped only when its Y alone is read, by a Squeeze of axis 1, "
+                  "and no initial state is given; a bidirectional node as written and GRU linear_before_reset=0 "
+                  "not mapped; a MatMul whose weight other MatMuls share, or a Gemm whose C is computed, is left "
+                  "unmapped (F.linear); its blobs "
+                  "have no batch axis, and a 5-D input (ConvLSTM2D's) does not load; a Slice with step -1 is "
+                  "silently dropped; no Scan, If, Loop, "
+                  "ReverseSequence or the mask's bool ops"),
     _row("rknn", "rknn-toolkit2 2.5 simulator (rk3588, float16)", "rknn",
          reads_y_h=frozenset({"LSTM", "RNN"}), initial_states_needed=frozenset({"LSTM"}), sequence_lens="none",
          scan="none", lacks=_LOOPING | {"If", "ReverseSequence"} | _MASK_BOOLS, static_shapes=True,
@@ -145,16 +154,19 @@ def obstacles(model_proto: onnx.ModelProto, row: Runtime) -> list:
     static = _static_inputs(model_proto)
     for graph, node in _nodes(model_proto.graph):
         constants.update(_constant_values(graph))
-        found.extend(node_obstacles(node, row, constants, static, _read(graph, model_proto.graph)))
+        found.extend(node_obstacles(node, row, constants, static, readers_of(model_proto.graph, graph)))
+    ranks = [len(i.type.tensor_type.shape.dim) for i in model_proto.graph.input]
+    if row.max_input_rank and max(ranks, default=0) > row.max_input_rank:
+        found.insert(0, Obstacle("inputs", f"takes no input of rank {max(ranks)}", kind="rank"))
     if row.static_shapes and not static:
         found.insert(0, Obstacle("inputs", "compiles fixed shapes only: the model's inputs have dynamic dimensions",
                                     kind="inputs"))
     return found
 
 
-def node_obstacles(node: onnx.NodeProto, row: Runtime, constants: dict, static: bool, read: set) -> list:
-    """The obstacles of one node (``constants``: name -> value of the constants it may read; ``read``: the
-    names something reads)."""
+def node_obstacles(node: onnx.NodeProto, row: Runtime, constants: dict, static: bool, readers: dict) -> list:
+    """The obstacles of one node (``constants``: name -> value of the constants it may read; ``readers``:
+    name -> the nodes that read it, None for a graph output)."""
     name = node.name or node.output[0]
     if node.domain not in ("", "ai.onnx"):
         return []
@@ -162,7 +174,7 @@ def node_obstacles(node: onnx.NodeProto, row: Runtime, constants: dict, static: 
         kind = "reversal" if node.op_type == "ReverseSequence" else "op"
         return [Obstacle(name, f"has no {node.op_type}", kind=kind)]
     if node.op_type in RECURRENT_OPS:
-        return _recurrent(node, row, constants, read, name)
+        return _recurrent(node, row, constants, readers, name)
     if node.op_type == "Scan":
         if row.scan == "none":
             return [Obstacle(name, "has no Scan", kind="scan")]
@@ -170,12 +182,15 @@ def node_obstacles(node: onnx.NodeProto, row: Runtime, constants: dict, static: 
             return [Obstacle(name, "gives a Scan with dynamic dimensions the wrong output shape", True, "scan")]
         if not row.scan_squeeze and any(n.op_type == "Squeeze" for n in _body(node)):
             return [Obstacle(name, "fails to compile a Squeeze in a Scan's step", kind="scan")]
+    if node.op_type == "Gemm" and not row.computed_gemm_bias and len(node.input) > 2 and node.input[2] \
+            and node.input[2] not in constants:
+        return [Obstacle(name, "has no Gemm whose C is computed", kind="gemm")]
     if node.op_type == "Slice" and row.negative_step_slice == "dropped" and _negative_step(node, constants):
         return [Obstacle(name, "drops a Slice with step -1", True, "slice")]
     return []
 
 
-def _recurrent(node, row: Runtime, constants: set, read: set, name: str) -> list:
+def _recurrent(node, row: Runtime, constants: dict, readers: dict, name: str) -> list:
     op, found = node.op_type, []
     direction = attribute(node, "direction", FORWARD)
     if direction not in row.recurrent.get(op, ()):
@@ -195,10 +210,16 @@ def _recurrent(node, row: Runtime, constants: set, read: set, name: str) -> list
     if op == "LSTM" and _slot(node.input, PEEPHOLES) and row.peepholes != "exact":
         found.append(Obstacle(name, "computes LSTM peepholes otherwise than ONNX", row.peepholes == "wrong",
                               "peepholes"))
-    if _slot(node.output, Y_H) in read - {""} and op not in row.reads_y_h:
+    if _slot(node.output, Y_H) and _slot(node.output, Y_H) in readers and op not in row.reads_y_h:
         found.append(Obstacle(name, f"fails on a read Y_h of {op}", kind="y_h"))
-    if op == "LSTM" and _slot(node.output, Y_C) in read - {""} and not row.reads_y_c:
+    if op == "LSTM" and _slot(node.output, Y_C) and _slot(node.output, Y_C) in readers and not row.reads_y_c:
         found.append(Obstacle(name, "fails on a read Y_c of LSTM", kind="op"))
+    squeezed = _squeezed(node.output[Y], readers, constants)
+    if row.recurrent_read_as == "squeezed" and direction == FORWARD and not squeezed:
+        found.append(Obstacle(name, f"maps {op} only when its Y alone is read, by a Squeeze of its axis 1",
+                              kind="y_h"))
+    if not row.given_states and any(_slot(node.input, s) for s in (INITIAL_H, INITIAL_C)):
+        found.append(Obstacle(name, f"maps {op} only without initial states", kind="given_states"))
     if op in row.initial_states_needed and not _slot(node.input, INITIAL_H):
         found.append(Obstacle(name, f"fails on {op} without initial states", kind="initial_states"))
     return found
@@ -240,9 +261,32 @@ def _body(node: onnx.NodeProto) -> list:
     return [n for a in node.attribute if a.type == onnx.AttributeProto.GRAPH for _, n in _nodes(a.g)]
 
 
-def _read(graph: onnx.GraphProto, main: onnx.GraphProto) -> set:
-    read = {name for _, n in _nodes(main) for name in n.input}
-    return read | {o.name for o in main.output} | {o.name for o in graph.output}
+def readers_of(main: onnx.GraphProto, graph: Optional[onnx.GraphProto] = None) -> dict:
+    """name -> the nodes (of ``main`` and its subgraphs) that read it; a graph output is read by None."""
+    readers: dict = {}
+    for _, n in _nodes(main):
+        for name in n.input:
+            if name:
+                readers.setdefault(name, []).append(n)
+    for output in list(main.output) + (list(graph.output) if graph is not None else []):
+        readers.setdefault(output.name, []).append(None)
+    return readers
+
+
+def squeezes_axis_1(node: Optional[onnx.NodeProto], constants: Optional[dict] = None) -> bool:
+    """Whether ``node`` is a Squeeze of axis 1 alone (its axes an attribute or a constant input)."""
+    if node is None or node.op_type != "Squeeze":
+        return False
+    axes = attribute(node, "axes")
+    if axes is None and len(node.input) > 1 and constants is not None:
+        axes = constants.get(node.input[1])
+    return axes is not None and [int(a) for a in np.asarray(axes).ravel()] == [1]
+
+
+def _squeezed(y: str, readers: dict, constants: dict) -> bool:
+    """A recurrent node's Y read once, by a Squeeze of axis 1 (its axes given as an attribute or a constant)."""
+    found = readers.get(y, []) if y else []
+    return len(found) == 1 and squeezes_axis_1(found[0], constants)
 
 
 def _static_inputs(model_proto: onnx.ModelProto) -> bool:

@@ -1,4 +1,4 @@
-"""The runtime targets (``iree``, ``tvm``, ``rknn``) and the table of runtimes behind them.
+"""The runtime targets (``iree``, ``tvm``, ``ncnn``, ``rknn``) and the table of runtimes behind them.
 
 Without any of those runtimes, this checks what can be checked in onnxruntime: every lowering rung
 (a recurrent node as its steps, a Scan as its steps, forward nodes with a reversal, ``Y_h`` from ``Y``,
@@ -30,7 +30,7 @@ from tf2onnx_rnn.rewriters.lower.steps import node_as_steps
 from tf2onnx_rnn.rewriters.runtimes import BY_KEY, RUNTIMES, obstacles
 
 BATCH, TIME, FEATURES, UNITS = 3, 7, 5, 6  # batch unlike time
-TARGETS = ("iree", "tvm", "rknn")
+TARGETS = ("iree", "tvm", "ncnn", "rknn")
 GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 
 
@@ -150,7 +150,7 @@ def test_y_h_taken_from_y_and_zero_states_given_compute_the_node(op, direction):
 # -- Keras models through each target, in onnxruntime and (where installed) the runtime -------------------
 def _model(K, name: str, seed: int):
     layers = K.layers
-    x = K.Input((TIME, FEATURES), name="x")
+    x = K.Input(_step_shape(name), name="x")
     if name == "lstm":
         y = layers.LSTM(UNITS, return_sequences=True)(x)
     elif name == "gru_reset_before":
@@ -174,6 +174,11 @@ def _model(K, name: str, seed: int):
         y = layers.Bidirectional(layers.GRU(UNITS, return_sequences=True))(layers.Masking(0.0)(x))
     elif name == "gelu_scan":
         y = layers.SimpleRNN(UNITS, activation="gelu", return_sequences=True)(x)
+    elif name == "stacked_cells":
+        y = layers.RNN(layers.StackedRNNCells([layers.LSTMCell(UNITS), layers.GRUCell(UNITS)]),
+                       return_sequences=True)(x)
+    elif name == "conv_lstm":
+        y = layers.ConvLSTM2D(3, 3, padding="same", return_sequences=True)(x)
     model = K.Model(x, y)
     rng = np.random.default_rng(seed)
     for weight in model.weights:
@@ -182,13 +187,19 @@ def _model(K, name: str, seed: int):
 
 
 MODELS = ("lstm", "gru", "gru_reset_before", "simple_rnn", "go_backwards", "bidirectional_concat",
-          "bidirectional_gru_sum", "stack_states", "masked", "masked_bidirectional_gru", "gelu_scan")
+          "bidirectional_gru_sum", "stack_states", "masked", "masked_bidirectional_gru", "gelu_scan",
+          "stacked_cells", "conv_lstm")
 MASKED = ("masked", "masked_bidirectional_gru")
 _CONVERTED: dict = {}
 
 
+def _step_shape(name: str) -> tuple:
+    """(time, the shape of one step) of the model's input."""
+    return (TIME, 4, 4, 2) if name == "conv_lstm" else (TIME, FEATURES)
+
+
 def _inputs(name: str) -> np.ndarray:
-    x = np.random.default_rng(7).normal(size=(BATCH, TIME, FEATURES)).astype(np.float32)
+    x = np.random.default_rng(7).normal(size=(BATCH,) + _step_shape(name)).astype(np.float32)
     if name in MASKED:  # full, post-padded and pre-padded with a hole; an empty row needs batch 4
         x[1, 5:] = 0
         x[2, :2] = 0
@@ -204,6 +215,8 @@ def converted(flavor: str, name: str, target: str):
 
         model = _model(parity.keras_module(flavor), name, 11 + MODELS.index(name))
         x = _inputs(name)
+        if target in BY_KEY and BY_KEY[target].batch_one:  # ncnn: one row at a time, the mixed masked one
+            x = x[2:]
         want = np.asarray(model(x, training=False))
         try:
             proto = convert_keras(model, input_signature=[tf.TensorSpec(x.shape, tf.float32, name="x")],
@@ -215,7 +228,8 @@ def converted(flavor: str, name: str, target: str):
 
 
 # what a target refuses, each with the measured reason the refusal names (docs/downstream.md)
-REFUSED = {("rknn", name): "cannot compute" for name in MASKED}
+REFUSED = {(target, name): "cannot compute" for name in MASKED for target in ("ncnn", "rknn")}
+REFUSED[("ncnn", "conv_lstm")] = "takes no input of rank 5"
 
 
 @pytest.mark.parametrize("flavor", parity.FLAVORS)
@@ -241,12 +255,19 @@ def test_a_target_model_equals_keras_and_holds_nothing_its_runtime_lacks(target,
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_a_target_refuses_a_dynamic_signature_in_one_line_naming_inputs(target):
+    """And ncnn, whose blobs have no batch axis, a batch other than 1."""
     K = parity.keras_module(parity.FLAVORS[0])
     model = _model(K, "lstm", 3)
     with pytest.raises(ConversionError) as raised:
         convert_keras(model, target=target)
     message = str(raised.value)
     assert "\n" not in message and "fixed shapes" in message and "inputs" in message, message
+    if BY_KEY[target].batch_one:
+        import tensorflow as tf
+
+        with pytest.raises(ConversionError, match=r"one batch row at a time.*batch size 1.*x\[1,7,5\]"):
+            convert_keras(model, input_signature=[tf.TensorSpec((2, TIME, FEATURES), tf.float32, name="x")],
+                          target=target)
 
 
 def test_the_report_names_the_runtimes_and_the_silent_obstacles_of_the_default_form():
@@ -309,3 +330,20 @@ def test_verify_with_a_target_runs_in_that_runtime_or_says_it_is_missing(tmp_pat
         assert "ONNX in Apache TVM" in text and "verified in Apache TVM" in text, text
     else:
         assert "is not installed here" in text and "verified in onnxruntime only" in text, text
+
+
+@pytest.mark.parametrize("flavor", parity.FLAVORS)
+@pytest.mark.parametrize("name", ("masked", "masked_bidirectional_gru", "go_backwards", "stack_states", "gelu_scan"))
+def test_the_portable_form_is_exact_under_onnx_reference_evaluator(name, flavor):
+    """ONNX's reference evaluator ignores ``sequence_lens``: its row's target, the portable form, computes
+    without it (the default form's masked layers would come out wrong there, and the report says so)."""
+    from onnx.reference import ReferenceEvaluator
+
+    x, want, proto = converted(flavor, name, "portable")
+    assert not obstacles(proto, BY_KEY["reference"]), obstacles(proto, BY_KEY["reference"])
+    (got,) = ReferenceEvaluator(proto).run(None, {"x": x})
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    if name.startswith("masked"):
+        default = convert_keras(_model(parity.keras_module(flavor), name, 11 + MODELS.index(name)))
+        note = next(line for line in report_of(default).consumers if line.startswith("note: ONNX's reference"))
+        assert "sequence_lens" in note and "silently wrong" in note and "--target portable" in note, note

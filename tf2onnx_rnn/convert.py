@@ -130,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "recurrent layers without a computed sequence_lens, for runtimes that take it only "
                              "as a constant (tract), training: the form onnxruntime's training API takes, and "
                              "onnxruntime: SimpleRNN as an input MatMul and a Scan, its fastest form there; iree, "
-                             "tvm, rknn: the form that runtime computes (fixed shapes: give --inputs)")
+                             "tvm, ncnn, rknn: the form that runtime computes (fixed shapes: give --inputs)")
     parser.add_argument("--large_model", "--large-model", dest="large_model", action="store_true",
                         help="write the weights beside the model (FILE.data): for models over 2 GB")
     parser.add_argument("--continue_on_error", "--continue-on-error", dest="continue_on_error",

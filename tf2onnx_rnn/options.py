@@ -24,7 +24,7 @@ TRAINING = "training"  # and its form for onnxruntime's training API (see tf2onn
 ONNXRUNTIME = "onnxruntime"  # and onnxruntime's fastest form: SimpleRNN as input MatMul + Scan
 # and one per runtime of rewriters.runtimes' table that needs a form of its own: the portable form, lowered
 # for that runtime as far as its row needs (rewriters.lower), with fixed shapes
-RUNTIME_TARGETS = ("iree", "tvm", "rknn")
+RUNTIME_TARGETS = ("iree", "tvm", "ncnn", "rknn")
 OWN_TARGETS = (PORTABLE, TRAINING, ONNXRUNTIME) + RUNTIME_TARGETS
 
 
@@ -131,7 +131,7 @@ def known_targets() -> tuple:
     ``sequence_lens``, for runtimes that take it only as a constant, such as tract) and
     :data:`TRAINING` (the form onnxruntime's training API takes) and :data:`ONNXRUNTIME` (SimpleRNN
     as an input MatMul and a Scan, onnxruntime's fastest form of it), and one per runtime that needs a
-    form of its own (:data:`RUNTIME_TARGETS`: IREE, TVM, rknn)."""
+    form of its own (:data:`RUNTIME_TARGETS`: IREE, TVM, ncnn, rknn)."""
     from tf2onnx import constants
 
     return tuple(constants.POSSIBLE_TARGETS) + OWN_TARGETS

@@ -4,6 +4,7 @@ This file is also a script, run by an interpreter that has the runtime (which ma
 environment than the converting one: each of these runtimes pins its own onnx, numpy and torch):
 
     python runtime_runs.py RUNTIME model.onnx feeds.npz outputs.npz
+    python runtime_runs.py --time RUNTIME feeds.npz ROUNDS times.json model.onnx...   (the benchmark)
 
 It imports numpy, onnx and the runtime only, nothing of this package. The feeds are the model's
 inputs by name; the outputs are written as ``out<k>``, in the model's order. A failure prints one
@@ -44,7 +45,7 @@ def _inputs_of(path: str) -> list:
     return [i.name for i in model.graph.input if i.name not in constants]
 
 
-def run_iree(path: str, feeds: dict, work: str) -> list:
+def prepare_iree(path: str, feeds: dict, work: str):
     import iree.compiler as compiler
     import iree.runtime as runtime
 
@@ -58,12 +59,16 @@ def run_iree(path: str, feeds: dict, work: str) -> list:
     context.add_vm_module(module)
     functions = [name for name in module.function_names if not name.startswith("__") and "$" not in name]
     main = context.modules[module.name][functions[0]]
-    results = main(*[feeds[name] for name in _inputs_of(path)])
-    results = results if isinstance(results, (list, tuple)) else [results]
-    return [np.asarray(r.to_host() if hasattr(r, "to_host") else r) for r in results]
+    names = _inputs_of(path)
+
+    def run(given: dict) -> list:
+        results = main(*[given[name] for name in names])
+        results = results if isinstance(results, (list, tuple)) else [results]
+        return [np.asarray(r.to_host() if hasattr(r, "to_host") else r) for r in results]
+    return run
 
 
-def run_tvm(path: str, feeds: dict, work: str) -> list:
+def prepare_tvm(path: str, feeds: dict, work: str):
     import onnx
     import tvm
     from tvm import relax
@@ -77,13 +82,16 @@ def run_tvm(path: str, feeds: dict, work: str) -> list:
     module = relax.transform.LegalizeOps()(module)
     executable = tvm.compile(module, target="llvm")
     machine = relax.VirtualMachine(executable, tvm.cpu())
-    result = machine["main"](*[tvm.runtime.tensor(feeds[n]) if hasattr(tvm.runtime, "tensor")
-                               else tvm.nd.array(feeds[n]) for n in names])
-    results = list(result) if not hasattr(result, "numpy") else [result]
-    return [np.asarray(r.numpy()) for r in results]
+    tensor = tvm.runtime.tensor if hasattr(tvm.runtime, "tensor") else tvm.nd.array
+
+    def run(given: dict) -> list:
+        result = machine["main"](*[tensor(given[n]) for n in names])
+        results = list(result) if not hasattr(result, "numpy") else [result]
+        return [np.asarray(r.numpy()) for r in results]
+    return run
 
 
-def run_ncnn(path: str, feeds: dict, work: str) -> list:
+def prepare_ncnn(path: str, feeds: dict, work: str):
     import ncnn
 
     names = _inputs_of(path)
@@ -94,23 +102,25 @@ def run_ncnn(path: str, feeds: dict, work: str) -> list:
     _check_call(["pnnx", local, f"inputshape={shapes}", "fp16=0"], cwd=work)
     param, weights = os.path.join(work, "model.ncnn.param"), os.path.join(work, "model.ncnn.bin")
     blobs_in, blobs_out = _ncnn_blobs(param)
-    outputs = [[] for _ in blobs_out]
     net = ncnn.Net()
     net.opt.use_fp16_packed = net.opt.use_fp16_storage = net.opt.use_fp16_arithmetic = False
     net.opt.use_bf16_storage = False
     if net.load_param(param) != 0 or net.load_model(weights) != 0:
         raise RuntimeError("ncnn cannot load the param/bin pnnx wrote")
-    batch = feeds[names[0]].shape[0]
-    for row in range(batch):
-        extractor = net.create_extractor()
-        for blob, name in zip(blobs_in, names):
-            extractor.input(blob, ncnn.Mat(np.ascontiguousarray(feeds[name][row])))
-        for k, blob in enumerate(blobs_out):
-            status, mat = extractor.extract(blob)
-            if status != 0:
-                raise RuntimeError(f"ncnn cannot compute {blob}")
-            outputs[k].append(np.array(mat))
-    return [np.stack(rows) for rows in outputs]
+
+    def run(given: dict) -> list:
+        outputs = [[] for _ in blobs_out]
+        for row in range(given[names[0]].shape[0]):
+            extractor = net.create_extractor()
+            for blob, name in zip(blobs_in, names):
+                extractor.input(blob, ncnn.Mat(np.ascontiguousarray(given[name][row])))
+            for k, blob in enumerate(blobs_out):
+                status, mat = extractor.extract(blob)
+                if status != 0:
+                    raise RuntimeError(f"ncnn cannot compute {blob}")
+                outputs[k].append(np.array(mat))
+        return [np.stack(rows) for rows in outputs]
+    return run
 
 
 def _ncnn_blobs(param: str) -> tuple:
@@ -122,46 +132,79 @@ def _ncnn_blobs(param: str) -> tuple:
     return [b for b in blobs if b.startswith("in")], [b for b in blobs if b.startswith("out")]
 
 
-def run_rknn(path: str, feeds: dict, work: str) -> list:
+def prepare_rknn(path: str, feeds: dict, work: str):
     from rknn.api import RKNN
 
     names = _inputs_of(path)
     rknn = RKNN(verbose=False)
-    try:
-        rknn.config(target_platform="rk3588")
-        if rknn.load_onnx(model=path, inputs=names, input_size_list=[list(feeds[n].shape) for n in names]) != 0:
-            raise RuntimeError("rknn-toolkit2 cannot load the model")
-        if rknn.build(do_quantization=False) != 0:
-            raise RuntimeError("rknn-toolkit2 cannot build the model")
-        if rknn.init_runtime() != 0:
-            raise RuntimeError("rknn-toolkit2's simulator cannot start")
-        results = rknn.inference(inputs=[feeds[n] for n in names], data_format=["nchw"] * len(names))
+    rknn.config(target_platform="rk3588")
+    if rknn.load_onnx(model=path, inputs=names, input_size_list=[list(feeds[n].shape) for n in names]) != 0:
+        raise RuntimeError("rknn-toolkit2 cannot load the model")
+    if rknn.build(do_quantization=False) != 0:
+        raise RuntimeError("rknn-toolkit2 cannot build the model")
+    if rknn.init_runtime() != 0:
+        raise RuntimeError("rknn-toolkit2's simulator cannot start")
+
+    def run(given: dict) -> list:
+        results = rknn.inference(inputs=[given[n] for n in names], data_format=["nchw"] * len(names))
         if results is None:
             raise RuntimeError("rknn-toolkit2's simulator computed nothing")
         return [np.asarray(r) for r in results]
-    finally:
-        rknn.release()
+    return run
 
 
-RUNNERS = {"iree": run_iree, "tvm": run_tvm, "ncnn": run_ncnn, "rknn": run_rknn}
+PREPARERS = {"iree": prepare_iree, "tvm": prepare_tvm, "ncnn": prepare_ncnn, "rknn": prepare_rknn}
+
+
+def timings(runtime: str, paths: list, feeds: dict, rounds: int, work: str) -> dict:
+    """Seconds per run of each model, ``rounds`` rounds interleaved model by model after one warm-up run:
+    {path: [seconds, ...]} (the benchmark's use)."""
+    import time
+
+    runs = {}
+    for k, path in enumerate(paths):
+        os.makedirs(os.path.join(work, str(k)), exist_ok=True)
+        runs[path] = PREPARERS[runtime](os.path.abspath(path), feeds, os.path.join(work, str(k)))
+        runs[path](feeds)
+    times: dict = {path: [] for path in paths}
+    for _ in range(rounds):
+        for path, run in runs.items():
+            start = time.perf_counter()
+            run(feeds)
+            times[path].append(time.perf_counter() - start)
+    return times
 
 
 def _check_call(command: list, cwd=None) -> None:
     done = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
     if done.returncode != 0:
-        lines = [line for line in (done.stderr + done.stdout).splitlines() if line.strip()]
-        raise RuntimeError(f"{os.path.basename(command[0])} failed: {lines[-1] if lines else done.returncode}")
+        raise RuntimeError(f"{os.path.basename(command[0])} failed: "
+                           f"{_first_error(done.stderr + done.stdout) or done.returncode}")
+
+
+def _first_error(text: str) -> str:
+    """The line of a runtime's message that says what failed (its first "error:" line, else its last)."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return next((line for line in lines if "error:" in line.lower()), lines[-1] if lines else "")
 
 
 def main(argv: list) -> int:
+    if argv and argv[0] == "--time":  # --time RUNTIME FEEDS ROUNDS OUT.json MODEL...
+        import json
+
+        runtime, feeds_path, rounds, out = argv[1:5]
+        with tempfile.TemporaryDirectory() as work:
+            found = timings(runtime, argv[5:], dict(np.load(feeds_path)), int(rounds), work)
+        with open(out, "w") as handle:
+            json.dump(found, handle)
+        return 0
     runtime, path, feeds_path, outputs_path = argv
     feeds = dict(np.load(feeds_path))
     with tempfile.TemporaryDirectory() as work:
         try:
-            results = RUNNERS[runtime](os.path.abspath(path), feeds, work)
+            results = PREPARERS[runtime](os.path.abspath(path), feeds, work)(feeds)
         except Exception as error:  # noqa: BLE001 - one line for the caller
-            print(f"{type(error).__name__}: {str(error).strip().splitlines()[-1] if str(error).strip() else ''}",
-                  file=sys.stderr)
+            print(f"{type(error).__name__}: {_first_error(str(error))}", file=sys.stderr)
             return 2
     np.savez(outputs_path, **{f"out{k}": r for k, r in enumerate(results)})
     return 0

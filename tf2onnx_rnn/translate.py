@@ -78,11 +78,19 @@ def lower_for_runtime(model_proto: onnx.ModelProto, target: str, findings: Findi
         raise ConversionError(f"{param('target')} {target}: {row.name} compiles fixed shapes only, and input "
                               f"{dynamic[0].name} is [{shape}]: give every input a fixed shape with "
                               f"{param('inputs')} (for example \"{dynamic[0].name}[2,12,8]\")")
+    batched = [i for i in model_proto.graph.input if i.name not in constants and i.type.tensor_type.shape.dim
+               and i.type.tensor_type.shape.dim[0].dim_value != 1]
+    if row.batch_one and batched:
+        dims = [d.dim_value for d in batched[0].type.tensor_type.shape.dim]
+        raise ConversionError(f"{param('target')} {target}: {row.name} computes one batch row at a time, and input "
+                              f"{batched[0].name} is {dims}: give it batch size 1 with {param('inputs')} (for example "
+                              f"\"{batched[0].name}[{','.join(['1'] + [str(d) for d in dims[1:]])}]\")")
     left = lower_for(model_proto, row)
     if left:
         first = sorted(left, key=lambda o: not o.silent)[0]
-        layer = next((o.layer for o in findings.outcomes if o.node and first.node.startswith(o.node.replace("/", "_"))
-                      or o.node == first.node), first.node)
+        layer = "the model" if first.kind in ("inputs", "rank") else \
+            next((o.layer for o in findings.outcomes if o.node and first.node.startswith(o.node.replace("/", "_"))
+                  or o.node == first.node), first.node)
         raise ConversionError(f"{param('target')} {target}: {row.name} cannot compute {layer}: it {first.why}")
 
 

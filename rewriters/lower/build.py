@@ -37,6 +37,7 @@ class Writer:
         self.nodes: list = []
         self.initializers: list = []
         self._counter = itertools.count()
+        self._made: dict = {}  # key -> the name of the constant made for it
         self.dtype = np.dtype(np.float32)  # the element type of the float constants a rewrite makes
 
     def float(self, value: float):
@@ -49,10 +50,18 @@ class Writer:
         self.taken.add(name)
         return name
 
-    def const(self, value, base: str, dtype=None) -> str:
+    def const(self, value, base: str, dtype=None, key=None) -> str:
+        """A constant of ``value``: made once per ``key`` (small ones once per value), so that the steps of
+        a layer share their weights rather than each holding a copy."""
         array = np.asarray(value, dtype=dtype)
+        if key is None and array.size <= 16:
+            key = ("value", array.dtype.str, array.shape, array.tobytes())
+        if key is not None and key in self._made:
+            return self._made[key]
         name = self.name(base)
         self.initializers.append(numpy_helper.from_array(array, name))
+        if key is not None:
+            self._made[key] = name
         return name
 
     def const_like(self, tensor: onnx.TensorProto, base: str) -> str:

@@ -7,14 +7,31 @@
 - :func:`last_step_as_y_h`: a read ``Y_h`` taken from ``Y`` (the last step of a forward pass, the first
   of a backward one), for runtimes that fail on a read ``Y_h`` (ncnn, rknn's GRU). Exact without
   ``sequence_lens``.
-- :func:`zero_initial_states`: absent initial states given as zeros of the static batch (rknn's LSTM).
+- :func:`zero_initial_states`: absent initial states given as zeros of the static batch (rknn's LSTM), and
+  :func:`drop_zero_states`: initial states that are constant zeros left out, as ONNX's default (ncnn maps
+  a node only without them).
+- :func:`read_through_squeeze`: a forward node's ``Y`` read once, by a ``Squeeze`` of its direction axis,
+  and its ``Y_h`` taken from that (ncnn maps a node only when so read).
 """
 from __future__ import annotations
 
 import numpy as np
 import onnx
 
-from ..runtimes import BIDIRECTIONAL, INITIAL_C, INITIAL_H, PEEPHOLES, REVERSE, SEQUENCE_LENS, Y_C, Y_H, Y, attribute
+from ..runtimes import (
+    BIDIRECTIONAL,
+    FORWARD,
+    INITIAL_C,
+    INITIAL_H,
+    REVERSE,
+    SEQUENCE_LENS,
+    Y_C,
+    Y_H,
+    Y,
+    attribute,
+    readers_of,
+    squeezes_axis_1,
+)
 from .build import INT64_MAX, INT64_MIN, Writer
 from .steps import CannotLower
 
@@ -45,7 +62,7 @@ def as_forward_nodes(graph: onnx.GraphProto, node: onnx.NodeProto, constants, w:
             elif count == 1:
                 inputs.append(name)
             else:
-                value = constants(name) if slot in (1, 2, 3, PEEPHOLES) else None
+                value = constants(name)
                 inputs.append(w.const(value[d:d + 1], f"{base}_{slot}_d{d}") if value is not None
                               else w.slice(name, d, d + 1, 0, f"{base}_{slot}_d{d}"))
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute if a.name != "direction"}
@@ -109,3 +126,63 @@ def zero_initial_states(graph: onnx.GraphProto, node: onnx.NodeProto, batch: int
                                        f"{node.name or node.output[0]}_zeros{slot}")
     w.nodes.append(copy)
     w.replace([node])
+
+
+def zero_states_given(node: onnx.NodeProto, constants: dict) -> bool:
+    """Whether every initial state ``node`` is given is a constant of zeros."""
+    given = [_slot(node.input, slot) for slot in (INITIAL_H, INITIAL_C) if _slot(node.input, slot)]
+    return all(constants.get(name) is not None and not np.any(constants[name]) for name in given)
+
+
+def drop_zero_states(graph: onnx.GraphProto, node: onnx.NodeProto, w: Writer) -> None:
+    """``node`` without its constant zero initial states: ONNX's default initial state is zero."""
+    copy = onnx.NodeProto()
+    copy.CopyFrom(node)
+    for slot in (INITIAL_H, INITIAL_C):
+        if len(copy.input) > slot:
+            copy.input[slot] = ""
+    while copy.input and not copy.input[-1]:
+        del copy.input[-1]
+    w.nodes.append(copy)
+    w.replace([node])
+
+
+def read_through_squeeze(graph: onnx.GraphProto, node: onnx.NodeProto, constants: dict, w: Writer) -> None:
+    """A forward ``node`` whose ``Y`` one ``Squeeze`` of axis 1 alone reads: a Squeeze of axis 1 that read it
+    becomes an ``Identity`` of that one, any other reader reads its ``Unsqueeze``, and ``Y_h`` is its last step.
+    Exact without ``sequence_lens``."""
+    if _slot(node.input, SEQUENCE_LENS) or attribute(node, "direction", FORWARD) != FORWARD:
+        raise CannotLower(f"only a forward {node.op_type} without sequence_lens reads its Y_h from Y")
+    if any(o.name == node.output[Y] for o in graph.output):
+        raise CannotLower(f"{node.op_type}'s Y is a model output")
+    base = (node.name or node.output[0]).replace("/", "_")
+    y = node.output[Y] or w.name(f"{base}_Y")
+    readers = [r for r in readers_of(graph).get(y, []) if r is not None] if node.output[Y] else []
+    copy = onnx.NodeProto()
+    copy.CopyFrom(node)
+    copy.output[Y] = y
+    y_h = _slot(node.output, Y_H)
+    if y_h:
+        copy.output[Y_H] = ""
+    while copy.output and not copy.output[-1]:
+        del copy.output[-1]
+    w.nodes.append(copy)
+    squeezed = w.squeeze(y, [1], f"{base}_Y_squeezed")
+    squeeze_of_y = w.nodes[-1].name  # the one reader of Y left
+    if y_h:
+        w.op("Slice", [squeezed, w.ints([-1], f"{base}_last_start"), w.ints([INT64_MAX], f"{base}_last_end"),
+                       w.ints([0], f"{base}_last_axis")], f"{base}_last", output_names=[y_h])
+    replaced, others = [], []
+    for reader in readers:
+        if squeezes_axis_1(reader, constants):
+            w.op("Identity", [squeezed], f"{base}_squeezed_again", output_names=list(reader.output))
+            replaced.append(reader)
+        else:
+            others.append(reader)
+    unsqueezed = w.unsqueeze(squeezed, [1], f"{base}_Y_again") if others else None
+    w.replace([node] + replaced)
+    for reader in graph.node if others else ():  # the others read the Unsqueeze, in place: they stand after it
+        if reader.name != squeeze_of_y and y in reader.input:
+            for k, name in enumerate(reader.input):
+                if name == y:
+                    reader.input[k] = unsqueezed

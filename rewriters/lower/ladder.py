@@ -12,17 +12,25 @@ from __future__ import annotations
 
 from typing import Optional
 
+import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from ..runtimes import FORWARD, RECURRENT_OPS, Obstacle, Runtime, attribute, node_obstacles, obstacles
+from ..runtimes import FORWARD, RECURRENT_OPS, Obstacle, Runtime, attribute, node_obstacles, obstacles, readers_of
 from .build import Writer, names_of
 from .fold import fold_static
-from .forward import as_forward_nodes, last_step_as_y_h, zero_initial_states
+from .forward import (
+    as_forward_nodes,
+    drop_zero_states,
+    last_step_as_y_h,
+    read_through_squeeze,
+    zero_initial_states,
+    zero_states_given,
+)
 from .scan_steps import scan_as_steps
 from .steps import CannotLower, node_as_steps
 
-_ROUNDS = 4  # a node climbs down at most this many rungs
+_ROUNDS = 6  # a node climbs down at most this many rungs
 
 
 def lower_for(model_proto: onnx.ModelProto, row: Runtime) -> list:
@@ -34,10 +42,9 @@ def lower_for(model_proto: onnx.ModelProto, row: Runtime) -> list:
     fold_static(model_proto, _shapes(model_proto))
     for _ in range(_ROUNDS):
         shapes, constants = _shapes(model_proto), _constants(graph)
-        read = {name for _, n in _all_nodes(graph) for name in n.input} | {o.name for o in graph.output}
-        changed = False
+        changed = _parts_read_straight(graph, shapes, constants) > 0
         for node in list(graph.node):
-            found = node_obstacles(node, row, constants, True, read)
+            found = node_obstacles(node, row, constants, True, readers_of(graph))
             if not found:
                 continue
             try:
@@ -46,6 +53,8 @@ def lower_for(model_proto: onnx.ModelProto, row: Runtime) -> list:
                 reasons.append(Obstacle(node.name or node.output[0], f"cannot be written in its ops: {error}"))
         if not changed:
             break
+    if not row.shared_weights:
+        unshared_weights(graph)
     return reasons + obstacles(model_proto, row)
 
 
@@ -54,10 +63,10 @@ def _one_rung(graph, node, found: list, row: Runtime, shapes: dict, constants: d
     kinds = {o.kind for o in found}
     if node.op_type == "Slice" and kinds == {"slice"}:
         return _reversal_as_concat(node, shapes, constants, w)
+    if node.op_type == "Gemm" and kinds == {"gemm"}:
+        return _gemm_as_matmul(node, constants, w)
     steps, batch = _time_and_batch(node, shapes)
-    native = kinds <= {"y_h", "initial_states"} or (kinds <= {"direction", "y_h", "initial_states"}
-                                                     and FORWARD in row.recurrent.get(node.op_type, ()))
-    if node.op_type in RECURRENT_OPS + ("Scan",) and not row.steps and not native:
+    if node.op_type in RECURRENT_OPS + ("Scan",) and not row.steps and not _natively(kinds, node, row, constants):
         raise CannotLower(f"its {node.op_type} would be its steps written out, which {row.name} does not compute")
     if node.op_type == "Scan":
         if not steps:
@@ -66,18 +75,116 @@ def _one_rung(graph, node, found: list, row: Runtime, shapes: dict, constants: d
         return True
     if node.op_type not in RECURRENT_OPS:
         return False
+    native = {"direction", "y_h", "initial_states", "given_states"}
+    if "given_states" in kinds and kinds <= native and zero_states_given(node, constants):
+        drop_zero_states(graph, node, w)
+        return True
     if kinds == {"initial_states"} and batch:
         zero_initial_states(graph, node, batch, constants[node.input[1]].dtype, w)
+        return True
+    if "direction" in kinds and kinds <= native and FORWARD in row.recurrent.get(node.op_type, ()):
+        as_forward_nodes(graph, node, constants.get, w)
+        return True
+    if kinds <= {"y_h", "initial_states"} and row.recurrent_read_as == "squeezed":
+        read_through_squeeze(graph, node, constants, w)
         return True
     if kinds <= {"y_h", "initial_states"}:
         last_step_as_y_h(graph, node, w)
         return True
-    if kinds <= {"direction", "y_h", "initial_states"} and FORWARD in row.recurrent.get(node.op_type, ()):
-        as_forward_nodes(graph, node, constants.get, w)
-        return True
     if not steps:
         raise CannotLower(f"its {node.op_type} needs a fixed time length: give the inputs fixed shapes")
     node_as_steps(graph, node, steps, batch, constants.get, w)
+    return True
+
+
+def unshared_weights(graph: onnx.GraphProto) -> int:
+    """Each ``MatMul`` or ``Gemm`` of a constant weight that another one reads too given a copy of its own;
+    returns how many copies were made."""
+    initializers = {t.name: t for t in graph.initializer}
+    seen, copies = set(), 0
+    for node in graph.node:
+        if node.op_type not in ("MatMul", "Gemm") or len(node.input) < 2 or node.input[1] not in initializers:
+            continue
+        if node.input[1] in seen:
+            copy = onnx.TensorProto()
+            copy.CopyFrom(initializers[node.input[1]])
+            copy.name = f"{node.input[1]}_for_{node.name or node.output[0]}"
+            graph.initializer.append(copy)
+            node.input[1] = copy.name
+            copies += 1
+        else:
+            seen.add(node.input[1])
+    return copies
+
+
+def _parts_read_straight(graph: onnx.GraphProto, shapes: dict, constants: dict) -> int:
+    """A ``Slice`` that takes exactly one input of a ``Concat`` back (a Bidirectional layer's merge reading
+    the directions its forward nodes were concatenated from) read as that input, and what is left unread
+    removed; returns how many were. Exact: the same values."""
+    producer = {o: n for n in graph.node for o in n.output}
+    outputs = {o.name for o in graph.output}
+    renames = {}
+    for node in graph.node:
+        source = producer.get(node.input[0]) if node.op_type == "Slice" else None
+        if source is None or source.op_type != "Concat" or node.output[0] in outputs:
+            continue
+        values = [constants.get(name) for name in node.input[1:4]]
+        step = constants.get(node.input[4]) if len(node.input) > 4 and node.input[4] else np.array([1])
+        if any(v is None or np.size(v) != 1 for v in values) or step is None or int(np.ravel(step)[0]) != 1:
+            continue
+        start, end, axis = (int(np.ravel(v)[0]) for v in values)
+        rank = len(shapes.get(node.input[0]) or [])
+        if not rank or axis % rank != int(attribute(source, "axis")) % rank:
+            continue
+        sizes = [(shapes.get(name) or [None] * rank)[axis % rank] for name in source.input]
+        if any(not size for size in sizes):
+            continue
+        offsets = np.cumsum([0] + sizes)
+        for k, size in enumerate(sizes):
+            if start == offsets[k] and min(end, offsets[-1]) == offsets[k] + size:
+                renames[node.output[0]] = source.input[k]
+    if not renames:
+        return 0
+    for node in graph.node:
+        for k, name in enumerate(node.input):
+            if name in renames:
+                node.input[k] = renames[name]
+    _drop_dead(graph)
+    return len(renames)
+
+
+def _drop_dead(graph: onnx.GraphProto) -> None:
+    """The nodes whose outputs nothing reads, until none is left."""
+    while True:
+        read = set(readers_of(graph))
+        kept = [n for n in graph.node if any(o and o in read for o in n.output)]
+        if len(kept) == len(graph.node):
+            return
+        del graph.node[:]
+        graph.node.extend(kept)
+
+
+def _natively(kinds: set, node, row: Runtime, constants: dict) -> bool:
+    """Whether the rungs above the steps remove every obstacle of ``kinds`` from ``node``."""
+    if "given_states" in kinds and not zero_states_given(node, constants):
+        return False
+    if "direction" in kinds and FORWARD not in row.recurrent.get(node.op_type, ()):
+        return False
+    return kinds <= {"direction", "y_h", "initial_states", "given_states"}
+
+
+def _gemm_as_matmul(node, constants: dict, w: Writer) -> bool:
+    """``Gemm(A, B, C)`` (no transpose of A, scales of 1) as ``Add(C, MatMul(A, B))``: the same sum."""
+    if attribute(node, "transA", 0) or attribute(node, "alpha", 1.0) != 1.0 or attribute(node, "beta", 1.0) != 1.0:
+        raise CannotLower("a Gemm with transA or scales other than 1 has no MatMul form here")
+    b = node.input[1]
+    if attribute(node, "transB", 0):
+        if constants.get(b) is None:
+            raise CannotLower("a Gemm with a computed transposed B has no MatMul form here")
+        b = w.const(constants[b].T.copy(), f"{b}_transposed")
+    product = w.op("MatMul", [node.input[0], b], f"{node.output[0]}_product")
+    w.op("Add", [node.input[2], product], f"{node.output[0]}_sum", output_names=[node.output[0]])
+    w.replace([node])
     return True
 
 
@@ -133,14 +240,6 @@ def _constants(graph: onnx.GraphProto) -> dict:
         if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
             values[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
     return values
-
-
-def _all_nodes(graph: onnx.GraphProto):
-    for node in graph.node:
-        yield graph, node
-        for a in node.attribute:
-            for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
-                yield from _all_nodes(sub)
 
 
 def check(model_proto: onnx.ModelProto, row: Runtime) -> Optional[Obstacle]:

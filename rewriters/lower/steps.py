@@ -200,13 +200,14 @@ def _cell(w: Writer, op: str, p: _Pass, xw: str, h: str, c, hidden: int, gates: 
         return apply(w, p.activations[k], value, name)
 
     if op == "RNN":
-        total = w.op("Add", [xw, w.op("MatMul", [h, w.const(np.ascontiguousarray(p.r.T), f"{base}_R")], base)], base)
+        total = w.op("Add", [xw, w.op("MatMul", [h, _weight(w, p, "R", p.r)], base)], base)
         return act(0, total, f"{base}_h"), None
     if op == "LSTM":
-        total = w.op("Add", [xw, w.op("MatMul", [h, w.const(np.ascontiguousarray(p.r.T), f"{base}_R")], base)], base)
+        total = w.op("Add", [xw, w.op("MatMul", [h, _weight(w, p, "R", p.r)], base)], base)
         i, o, f, g = w.split(total, [hidden] * 4, -1, f"{base}_gates")
         if p.p is not None:
-            pi, po, pf = (w.const(p.p[k * hidden:(k + 1) * hidden], f"{base}_p{k}") for k in range(3))
+            pi, po, pf = (w.const(p.p[k * hidden:(k + 1) * hidden], f"{base}_p{k}", key=(id(p), "P", k))
+                          for k in range(3))
             i = w.op("Add", [i, w.op("Mul", [c, pi], base)], base)
             f = w.op("Add", [f, w.op("Mul", [c, pf], base)], base)
         i, f, g = act(0, i, f"{base}_i"), act(0, f, f"{base}_f"), act(1, g, f"{base}_g")
@@ -221,18 +222,22 @@ def _cell(w: Writer, op: str, p: _Pass, xw: str, h: str, c, hidden: int, gates: 
 def _gru(w: Writer, p: _Pass, xw: str, h: str, hidden: int, act, base: str) -> str:
     xz, xr, xh = w.split(xw, [hidden] * 3, -1, f"{base}_x")
     if p.linear_before_reset:
-        recurrent = w.op("Add", [w.op("MatMul", [h, w.const(np.ascontiguousarray(p.r.T), f"{base}_R")], base),
+        recurrent = w.op("Add", [w.op("MatMul", [h, _weight(w, p, "R", p.r)], base),
                                  w.const(np.concatenate([np.zeros(2 * hidden, p.rb.dtype), p.rb[2 * hidden:]]),
-                                         f"{base}_Rbh")], base)
+                                         f"{base}_Rbh", key=(id(p), "Rbh"))], base)
         hz, hr, hh = w.split(recurrent, [hidden] * 3, -1, f"{base}_r")
         z, r = act(0, w.op("Add", [xz, hz], base), f"{base}_z"), act(0, w.op("Add", [xr, hr], base), f"{base}_rg")
         candidate = act(1, w.op("Add", [xh, w.op("Mul", [r, hh], base)], base), f"{base}_hh")
     else:
-        zr = w.op("MatMul", [h, w.const(np.ascontiguousarray(p.r[:2 * hidden].T), f"{base}_Rzr")], base)
+        zr = w.op("MatMul", [h, _weight(w, p, "Rzr", p.r[:2 * hidden])], base)
         hz, hr = w.split(zr, [hidden] * 2, -1, f"{base}_r")
         z, r = act(0, w.op("Add", [xz, hz], base), f"{base}_z"), act(0, w.op("Add", [xr, hr], base), f"{base}_rg")
-        reset = w.op("MatMul", [w.op("Mul", [r, h], base),
-                                w.const(np.ascontiguousarray(p.r[2 * hidden:].T), f"{base}_Rh")], base)
+        reset = w.op("MatMul", [w.op("Mul", [r, h], base), _weight(w, p, "Rh", p.r[2 * hidden:])], base)
         candidate = act(1, w.op("Add", [xh, reset], base), f"{base}_hh")
     one_minus = w.op("Sub", [w.const(w.float(1.0), f"{base}_one"), z], base)
     return w.op("Add", [w.op("Mul", [one_minus, candidate], base), w.op("Mul", [z, h], base)], f"{base}_h")
+
+
+def _weight(w: Writer, p: _Pass, what: str, matrix: np.ndarray) -> str:
+    """``matrix`` transposed, as one constant every step of the pass reads."""
+    return w.const(np.ascontiguousarray(matrix.T), what, key=(id(p), what))
