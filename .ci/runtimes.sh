@@ -22,6 +22,9 @@ install iree "iree-base-compiler==3.13.0" "iree-base-runtime==3.13.0" "onnx>=1.1
     && export TF2ONNX_RNN_IREE_PYTHON="$where/iree/bin/python"
 install tvm "apache-tvm==0.27.0.post1" "onnx>=1.16,<1.24" "numpy>=1.26,<2.5" \
     && export TF2ONNX_RNN_TVM_PYTHON="$where/tvm/bin/python"
+# pnnx imports torch: 2.13.0's CPU build (newer releases are CUDA builds)
+install ncnn "torch==2.13.0" "pnnx==20261020" "ncnn==1.0.20261020" "onnx>=1.16,<1.24" "numpy>=1.26,<2.5" \
+    && export TF2ONNX_RNN_NCNN_PYTHON="$where/ncnn/bin/python"
 # rknn-toolkit2 2.5 imports torch: 2.13.0's CPU build (newer releases are CUDA builds); it asks for torch<=2.4 (a CUDA build of several GB) and opencv-python: its other requirements
 # as it states them, torch's CPU build and the headless opencv, and the toolkit itself without dependencies
 install rknn "protobuf>=4.21.6,<=4.25.4" "psutil>=5.9" "ruamel.yaml>=0.17.21" "scipy>=1.9.3" "tqdm>=4.64.1" \
