@@ -18,6 +18,7 @@ LOOP_SUFFIX = "_loop"  # tf2onnx names the ONNX Loop of a functional while-loop 
 LOOP = "Loop"  # ``became`` of a loop left as tf2onnx's exact Loop
 REMOVED = "removed"  # ``became`` of a loop whose outputs nothing used: tf2onnx dropped it
 UNROLLED = "unrolled ops"  # ``became`` of an unrolled layer (unroll=True) left as its steps' own ops
+STEPS = "steps"  # ``became`` of a layer written out as its steps for a fixed time length (a runtime's target)
 SCAN = "Scan"  # ``became`` of a loop written as a Scan (of its own step: ``own_step``; or target onnxruntime's form)
 
 

@@ -48,15 +48,19 @@ def _describe(error: Exception) -> str:
 def make_rewriter(findings: Findings, layer_of: Optional[Callable[[str], Optional[str]]] = None, *,
                   portable: bool = False, post_padded: bool = False, streaming: bool = False,
                   training: bool = False, onnxruntime: bool = False, fused_ops: Optional[dict] = None,
-                  allowed: Approximations = Approximations()) -> Optional["RecurrentRewriter"]:
+                  allowed: Approximations = Approximations(),
+                  masked_own_step: str = "") -> Optional["RecurrentRewriter"]:
     """The rewriter for one conversion, with its variants chosen once: how masked layers are emitted
     (:func:`.mask_forms.select_masks` from ``portable``, ``post_padded`` and ``training``) and how states meet the
     model (:func:`.states.select_states` from ``streaming`` and ``portable``), and what computes a recurrence
     (:func:`.kernels.select_kernels` from ``onnxruntime``). ``fused_ops``: a TFLite file's fused
-    recurrent ops, node name -> its :class:`.description.FusedLayout`. None when it cannot even be built (an
-    internal error, noted in ``findings.setup_error`` so that every recurrent loop's row can say so)."""
+    recurrent ops, node name -> its :class:`.description.FusedLayout`. ``masked_own_step``: why masked layers
+    are written as their own step (a runtime without the ops of a native node's mask). None when it cannot
+    even be built (an internal error, noted in ``findings.setup_error`` so that every recurrent loop's row
+    can say so)."""
     try:
-        return RecurrentRewriter(Rows(findings), layer_of, select_masks(portable, post_padded, training),
+        return RecurrentRewriter(Rows(findings), layer_of, select_masks(portable, post_padded, training,
+                                                                        masked_own_step),
                                  select_states(streaming, portable and not training), fused_ops, allowed,
                                  select_kernels(onnxruntime))
     except Exception as error:  # noqa: BLE001 - the conversion goes on without fusing

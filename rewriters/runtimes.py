@@ -55,6 +55,7 @@ class Runtime:
     batch_one: bool = False  # computes one batch row at a time (its tensors have no batch axis)
     computed_gemm_bias: bool = True  # computes a Gemm whose C input is not a constant
     max_input_rank: int = 0  # the highest rank of an input it takes (0: any)
+    masks: str = ""  # why it computes no masked layer in any form this package writes ("": it computes them)
     recurrent_read_as: str = ""  # how a recurrent node's Y must be read to be mapped (ncnn), else ""
     tolerance: float = 1e-4  # relative error its arithmetic allows against the source (float16: more)
     package: str = ""  # the Python package that runs it (verification in the runtime)
@@ -105,15 +106,17 @@ RUNTIMES = (
     _row("ncnn", "ncnn 1.0.20261020 through pnnx 20261020", "ncnn",
          recurrent={op: frozenset({FORWARD}) for op in RECURRENT_OPS}, given_states=False, shared_weights=False,
          batch_one=True, computed_gemm_bias=False, max_input_rank=4,
+         masks="a masked layer's step-by-step mask, in float ops, crashes ncnn's process or does not load (measured)",
          gru_linear_before_reset_0=False, reads_y_h=frozenset(), reads_y_c=False, sequence_lens="none",
-         scan="none", lacks=_LOOPING | _MASK_BOOLS | {"ReverseSequence", "If", "ScatterND", "GatherND", "CumSum"},
+         scan="none", lacks=_LOOPING | _MASK_BOOLS | {"ReverseSequence", "If", "ScatterND", "GatherND", "CumSum",
+                                                      "ReduceMax", "ReduceMin"},
          negative_step_slice="dropped", static_shapes=True, recurrent_read_as="squeezed", package="ncnn",
          measured="a forward recurrent node is mapped only when its Y alone is read, by a Squeeze of axis 1, "
                   "and no initial state is given; a bidirectional node as written and GRU linear_before_reset=0 "
                   "not mapped; a MatMul whose weight other MatMuls share, or a Gemm whose C is computed, is left "
                   "unmapped (F.linear); its blobs "
                   "have no batch axis, and a 5-D input (ConvLSTM2D's) does not load; a Slice with step -1 is "
-                  "silently dropped; no Scan, If, Loop, "
+                  "silently dropped; a ReduceMax over a batched input does not load; no Scan, If, Loop, "
                   "ReverseSequence or the mask's bool ops"),
     _row("rknn", "rknn-toolkit2 2.5 simulator (rk3588, float16)", "rknn",
          reads_y_h=frozenset({"LSTM", "RNN"}), initial_states_needed=frozenset({"LSTM"}), sequence_lens="none",
@@ -125,6 +128,20 @@ RUNTIMES = (
 )
 BY_KEY = {runtime.key: runtime for runtime in RUNTIMES}
 TARGETS = tuple(sorted({r.target for r in RUNTIMES if r.target and r.target != "portable"}))
+
+
+_COMPACTION = frozenset({"ScatterND", "GatherND", "CumSum"})  # the portable form's mask: compaction and restore
+
+
+def masked_own_step(row: Optional[Runtime]) -> str:
+    """Why a masked layer is written as its own step for ``row``'s runtime ("" where a native node's mask
+    runs there): the runtime lacks ops the mask's compaction around a native node needs."""
+    missing = sorted(row.lacks & _COMPACTION) if row is not None else []
+    missing += ["the mask's bool ops"] if row is not None and row.lacks & _MASK_BOOLS else []
+    if not missing:
+        return ""
+    return (f"{row.name} has no {', '.join(missing)}, which a native node's mask needs: the masked layer is its "
+            "own step, the mask applied at each step")
 
 
 def runtime(key: str) -> Runtime:
@@ -171,7 +188,8 @@ def node_obstacles(node: onnx.NodeProto, row: Runtime, constants: dict, static: 
     if node.domain not in ("", "ai.onnx"):
         return []
     if node.op_type in row.lacks:
-        kind = "reversal" if node.op_type == "ReverseSequence" else "op"
+        kind = {"ReverseSequence": "reversal", "ReduceMax": "reduce", "ReduceMin": "reduce"}.get(
+            node.op_type, "bool" if node.op_type in _MASK_BOOLS else "op")
         return [Obstacle(name, f"has no {node.op_type}", kind=kind)]
     if node.op_type in RECURRENT_OPS:
         return _recurrent(node, row, constants, readers, name)

@@ -37,7 +37,7 @@ from .sources.saved_model import SavedModel
 from .sources.tflite import TFLite
 from .sources.time_distributed import refuse_mistraced
 from .training import training_form
-from .translate import to_onnx
+from .translate import lower_for_runtime, to_onnx
 
 logger = logging.getLogger("tf2onnx_rnn")
 
@@ -264,6 +264,8 @@ def convert(frozen: Frozen, options: Options) -> Conversion:
         check_streamed(report)
     if not options.continue_on_error:
         check_lowered(report, frozen.lowered)
+    if options.runtime:  # the form that runtime computes, lowered as far as its row of the table needs
+        report = lower_for_runtime(model_proto, options.runtime, report)
     report.consumers = consumer_notes(model_proto)
     stamp_ir_version(model_proto)
     report.attach(model_proto)

@@ -10,9 +10,9 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
-from .rewriters.outcome import LOOP, REMOVED, SCAN, UNROLLED, Outcome
+from .rewriters.outcome import LOOP, REMOVED, SCAN, STEPS, UNROLLED, Outcome
 
-__all__ = ["LOOP", "METADATA_KEY", "REMOVED", "SCAN", "UNROLLED", "ConversionReport", "LoopOutcome"]
+__all__ = ["LOOP", "METADATA_KEY", "REMOVED", "SCAN", "STEPS", "UNROLLED", "ConversionReport", "LoopOutcome"]
 
 METADATA_KEY = "tf2onnx_rnn.report"
 
@@ -24,7 +24,7 @@ class LoopOutcome(Outcome):
     @property
     def fused(self) -> bool:
         """Whether it became a native node (a Scan of its own step is not one)."""
-        return self.became not in (LOOP, REMOVED, UNROLLED) and not self.own_step
+        return self.became not in (LOOP, REMOVED, UNROLLED, STEPS) and not self.own_step
 
     @property
     def left_as(self) -> str:
@@ -70,11 +70,14 @@ class ConversionReport:
     def summary(self) -> str:
         if not self.outcomes:
             return "no recurrent layer loops found: nothing to fuse"
-        removed = len(self.outcomes) - len(self.fused) - len(self.loops) - len(self.unrolled) - len(self.scans)
-        scans = sum(1 for o in self.fused if o.form)
+        written = sum(1 for o in self.outcomes if o.became == STEPS)
+        removed = len(self.outcomes) - len(self.fused) - len(self.loops) - len(self.unrolled) - len(self.scans) \
+            - written
+        scans = sum(1 for o in self.fused if o.form.startswith("onnxruntime form"))
         return (f"{len(self.outcomes)} recurrent loop(s): {len(self.fused)} fused into native nodes"
                 + (f" ({scans} of them in onnxruntime's form, a Scan)" if scans else "") + ", "
                 + (f"{len(self.scans)} written as a Scan of their own step, " if self.scans else "")
+                + (f"{written} written out as their steps, " if written else "")
                 + f"{len(self.loops)} left as Loop"
                 + (f", {len(self.unrolled)} unrolled layer(s) left as ops" if self.unrolled else "")
                 + (f", {removed} removed as unused" if removed else ""))
@@ -94,6 +97,8 @@ class ConversionReport:
                 if o.state_outputs:
                     details += f"; states in: {', '.join(i or '(the model gives it)' for i in o.state_inputs)}"
                     details += f", out: {', '.join(o.state_outputs)}"
+            elif o.became == STEPS:
+                details = o.form + (f"; {o.reason}" if o.reason else "") + (f"; mask: {o.mask}" if o.mask else "")
             elif o.own_step:
                 details = f"{o.form}; no native node: {o.reason}"
                 details += f"; mask: {o.mask}" if o.mask else ""

@@ -20,7 +20,7 @@ from .errors import ConversionError, first_line, param
 from .lean_tf2onnx import lean_passes, shared_parents
 from .options import Options
 from .probes import default_opset
-from .rewriters.outcome import Findings
+from .rewriters.outcome import STEPS, Findings
 from .sources import Frozen, placeholder_shapes, resolve_names
 
 logger = logging.getLogger("tf2onnx_rnn")
@@ -56,17 +56,16 @@ def to_onnx(frozen: Frozen, options: Options) -> tuple:
     if not options.defaults_states:  # the Scan form's streamed states too
         drop_state_defaults(model_proto, findings)
     _written_model_passes(model_proto, options.portable)
-    if options.runtime:
-        lower_for_runtime(model_proto, options.runtime, findings)
     return model_proto, nchw, findings
 
 
-def lower_for_runtime(model_proto: onnx.ModelProto, target: str, findings: Findings) -> None:
+def lower_for_runtime(model_proto: onnx.ModelProto, target: str, report):
     """The written model lowered for the runtime of ``target`` (``rewriters.lower``: each layer only as far
-    as that runtime's row of ``rewriters.runtimes`` needs); its inputs must have fixed shapes, and what the
-    runtime still cannot compute is a :class:`ConversionError` naming the runtime, the layer and why."""
+    as that runtime's row of ``rewriters.runtimes`` needs), and ``report`` saying how each layer is computed
+    there; its inputs must have fixed shapes, and what the runtime still cannot compute is a
+    :class:`ConversionError` naming the runtime, the layer and why."""
     from .rewriters.lower import lower_for
-    from .rewriters.runtimes import BY_KEY
+    from .rewriters.runtimes import BY_KEY, masked_own_step
 
     row = BY_KEY[target]
     constants = {t.name for t in model_proto.graph.initializer}
@@ -85,13 +84,28 @@ def lower_for_runtime(model_proto: onnx.ModelProto, target: str, findings: Findi
         raise ConversionError(f"{param('target')} {target}: {row.name} computes one batch row at a time, and input "
                               f"{batched[0].name} is {dims}: give it batch size 1 with {param('inputs')} (for example "
                               f"\"{batched[0].name}[{','.join(['1'] + [str(d) for d in dims[1:]])}]\")")
-    left = lower_for(model_proto, row)
-    if left:
-        first = sorted(left, key=lambda o: not o.silent)[0]
+    masked = [o for o in report.outcomes if o.mask or (o.reason and o.reason == masked_own_step(row))]
+    if row.masks and masked:
+        raise ConversionError(f"{param('target')} {target}: {row.name} cannot compute {masked[0].layer}: {row.masks}")
+    lowered = lower_for(model_proto, row)
+    if lowered.left:
+        first = sorted(lowered.left, key=lambda o: not o.silent)[0]
         layer = "the model" if first.kind in ("inputs", "rank") else \
-            next((o.layer for o in findings.outcomes if o.node and first.node.startswith(o.node.replace("/", "_"))
+            next((o.layer for o in report.outcomes if o.node and first.node.startswith(o.node.replace("/", "_"))
                   or o.node == first.node), first.node)
         raise ConversionError(f"{param('target')} {target}: {row.name} cannot compute {layer}: it {first.why}")
+    rows = []
+    for o in report.outcomes:
+        form = lowered.forms.get(o.node)
+        if form is None:
+            rows.append(o)
+        elif lowered.nodes[o.node]:
+            rows.append(dataclasses.replace(o, node=lowered.nodes[o.node], form=f"for {row.name}: {form}"))
+        else:
+            rows.append(dataclasses.replace(o, became=STEPS, node="", own_step=False,
+                                            form=f"{o.became} {form} for {row.name}"))
+    report.outcomes = rows
+    return report
 
 
 def drop_state_defaults(model_proto: onnx.ModelProto, findings: Findings) -> None:
@@ -170,12 +184,14 @@ def _rewriter(frozen: Frozen, options: Options) -> tuple:
     every recurrent loop's row says why)."""
     try:
         from .rewriters.pipeline import make_rewriter  # imported late: it imports tf2onnx, hence TensorFlow
+        from .rewriters.runtimes import BY_KEY, masked_own_step
 
         findings = Findings()
         return make_rewriter(findings, frozen.layer_names, portable=options.portable,
                              post_padded=options.assume_post_padded, streaming=bool(options.streaming),
                              training=options.training, onnxruntime=options.onnxruntime,
-                             fused_ops=frozen.fused_ops, allowed=frozen.allowed), findings
+                             fused_ops=frozen.fused_ops, allowed=frozen.allowed,
+                             masked_own_step=masked_own_step(BY_KEY.get(options.runtime))), findings
     except Exception as error:  # noqa: BLE001 - the conversion goes on without fusing, exact
         why = f"internal error while setting up the rewriter: {type(error).__name__}: {error}"
         logger.warning("recurrent layers stay Loops: %s", why)

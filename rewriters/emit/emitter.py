@@ -352,6 +352,8 @@ def emit(graph, layer: RecurrentLayer, context: EmitContext) -> Emitted:
     leaves the graph as it was (apart from unused nodes, which tf2onnx removes).
     Returns what was built.
     """
+    if layer.masked and context.masks.own_step:
+        raise NoMatch(context.masks.own_step)
     if isinstance(context.masks.form, PortableMask) and any(p.P is not None for p in layer.passes):
         raise NoMatch("peepholes: OpenVINO computes an ONNX LSTM's P input otherwise than onnxruntime and "
                       "TensorFlow, so the portable form writes the cell as a Scan of its own step")

@@ -199,6 +199,7 @@ class Masks:
     form: MaskForm = SEQUENCE_LENS  # the form a masked layer takes unless it needs another
     post_padded: bool = False  # every row's kept steps are assumed to come first: nothing is compacted
     forward_nodes: bool = False  # every node runs forward (target "training": the training kernels' only one)
+    own_step: str = ""  # why a masked layer is written as its own step, not a native node ("": it is not)
 
     def form_for(self, layer: RecurrentLayer, final_roles: set) -> MaskForm:
         """The form ``layer`` takes (``final_roles``: the states its node must give at its end). In
@@ -275,9 +276,12 @@ class Masks:
         return pass_.direction is Direction.BACKWARD and (not wiring.sequence_output or post_padded_sequence)
 
 
-def select_masks(portable: bool = False, post_padded: bool = False, training: bool = False) -> Masks:
+def select_masks(portable: bool = False, post_padded: bool = False, training: bool = False,
+                 own_step: str = "") -> Masks:
     """How masked layers are emitted in a conversion: with computed ``sequence_lens``, or in the
     portable form; compacted (exact for any mask), or with post-padding assumed. ``training``: the
     portable form, every node running forward (onnxruntime's training kernels take neither
-    ``sequence_lens`` nor another direction)."""
-    return Masks(PORTABLE if portable or training else SEQUENCE_LENS, post_padded, forward_nodes=training)
+    ``sequence_lens`` nor another direction). ``own_step``: why every masked layer is instead written as its
+    own step (a runtime that lacks the ops of the mask around a native node)."""
+    return Masks(PORTABLE if portable or training else SEQUENCE_LENS, post_padded, forward_nodes=training,
+                 own_step=own_step)

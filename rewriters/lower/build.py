@@ -38,6 +38,7 @@ class Writer:
         self.initializers: list = []
         self._counter = itertools.count()
         self._made: dict = {}  # key -> the name of the constant made for it
+        self.placed: list = []
         self.dtype = np.dtype(np.float32)  # the element type of the float constants a rewrite makes
 
     def float(self, value: float):
@@ -115,6 +116,7 @@ class Writer:
         del self.graph.node[:]
         self.graph.node.extend(kept)
         self.graph.initializer.extend(self.initializers)
+        self.placed = self.nodes  # what the rewrite put into the graph, for its caller to read
         self.nodes, self.initializers = [], []
 
 

@@ -26,7 +26,7 @@ def fold_static(model_proto: onnx.ModelProto, shapes: dict) -> int:
     graph = model_proto.graph
     values = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
     declared = {i.name for i in graph.input} - set(values)
-    kept, folded = [], 0
+    kept, made, folded = [], [], 0  # the graph changes only once every fold is made
     for node in graph.node:
         result = None
         if node.domain in ("", "ai.onnx") and node.op_type not in _NOT_FOLDED:
@@ -41,8 +41,9 @@ def fold_static(model_proto: onnx.ModelProto, shapes: dict) -> int:
         for name, value in zip(node.output, result):
             if name:
                 values[name] = np.asarray(value)
-                graph.initializer.append(numpy_helper.from_array(np.asarray(value), name))
+                made.append(numpy_helper.from_array(np.asarray(value), name))
         folded += 1
+    graph.initializer.extend(made)
     del graph.node[:]
     graph.node.extend(kept)
     _drop_unread(graph)

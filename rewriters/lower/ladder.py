@@ -10,6 +10,8 @@ drops becomes the steps' ``Concat`` in reverse order. What is left is returned: 
 """
 from __future__ import annotations
 
+import logging
+from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
@@ -18,6 +20,7 @@ from onnx import numpy_helper
 
 from ..runtimes import FORWARD, RECURRENT_OPS, Obstacle, Runtime, attribute, node_obstacles, obstacles, readers_of
 from .build import Writer, names_of
+from .float_masks import bools_as_floats
 from .fold import fold_static
 from .forward import (
     as_forward_nodes,
@@ -30,16 +33,31 @@ from .forward import (
 from .scan_steps import scan_as_steps
 from .steps import CannotLower, node_as_steps
 
+logger = logging.getLogger(__name__)
 _ROUNDS = 6  # a node climbs down at most this many rungs
 
 
-def lower_for(model_proto: onnx.ModelProto, row: Runtime) -> list:
-    """Lower ``model_proto`` in place for ``row``'s runtime; returns the :class:`Obstacle` s no rung removes
-    (a rung that cannot write a node adds its reason)."""
+@dataclass
+class Lowered:
+    """What lowering left and did: the :class:`Obstacle` s no rung removes (a rung that cannot write a node
+    adds its reason), and per recurrent node or Scan of the written model (by its name there) how the
+    runtime now computes it and by which node ("" where its steps are written out)."""
+
+    left: list = field(default_factory=list)
+    forms: dict = field(default_factory=dict)
+    nodes: dict = field(default_factory=dict)
+
+
+def lower_for(model_proto: onnx.ModelProto, row: Runtime) -> Lowered:
+    """Lower ``model_proto`` in place for ``row``'s runtime."""
     graph = model_proto.graph
     opset = next((o.version for o in model_proto.opset_import if o.domain in ("", "ai.onnx")), 17)
     reasons: list = []
-    fold_static(model_proto, _shapes(model_proto))
+    done, origin = Lowered(), {}  # origin: a node a rung made -> the written model's node it computes
+    try:
+        fold_static(model_proto, _shapes(model_proto))
+    except Exception as error:  # noqa: BLE001 - folding only simplifies: the graph stays as it was
+        logger.warning("internal error while folding fixed shapes: %s: %s", type(error).__name__, error, exc_info=True)
     for _ in range(_ROUNDS):
         shapes, constants = _shapes(model_proto), _constants(graph)
         changed = _parts_read_straight(graph, shapes, constants) > 0
@@ -47,24 +65,54 @@ def lower_for(model_proto: onnx.ModelProto, row: Runtime) -> list:
             found = node_obstacles(node, row, constants, True, readers_of(graph))
             if not found:
                 continue
+            w = Writer(graph, opset, names_of(graph))
             try:
-                changed |= _one_rung(graph, node, found, row, shapes, constants, Writer(graph, opset, names_of(graph)))
+                rung = _one_rung(graph, node, found, row, shapes, constants, w)
             except CannotLower as error:
                 reasons.append(Obstacle(node.name or node.output[0], f"cannot be written in its ops: {error}"))
+            except Exception as error:  # noqa: BLE001 - the node stays as it is; the conversion refuses it
+                logger.warning("internal error while lowering %s for %s: %s: %s", node.name, row.name,
+                               type(error).__name__, error, exc_info=True)
+                reasons.append(Obstacle(node.name or node.output[0], f"internal error while lowering it: "
+                                                                     f"{type(error).__name__}: {error}"))
+            else:
+                changed |= bool(rung)
+                if isinstance(rung, str) and rung:
+                    _record(done, origin, node.name, rung, w.placed)
         if not changed:
             break
+    if any(o.kind == "bool" for o in obstacles(model_proto, row)):
+        try:
+            bools_as_floats(model_proto, opset)
+        except CannotLower as error:
+            reasons.append(Obstacle("mask", f"cannot write its bool arithmetic in float ops: {error}"))
     if not row.shared_weights:
         unshared_weights(graph)
-    return reasons + obstacles(model_proto, row)
+    done.left = reasons + obstacles(model_proto, row)
+    return done
 
 
-def _one_rung(graph, node, found: list, row: Runtime, shapes: dict, constants: dict, w: Writer) -> bool:
-    """Move ``node`` one rung down for what ``found`` names; whether the graph changed."""
+def _record(done: Lowered, origin: dict, name: str, rung: str, placed: list) -> None:
+    """Note that ``name`` (or the written node it stands for) is now computed as ``rung`` says, by the
+    recurrent nodes among ``placed``."""
+    first = origin.get(name, name)
+    made = [n.name for n in placed if n.op_type in RECURRENT_OPS + ("Scan",)]
+    for new in made:
+        origin[new] = first
+    done.forms[first] = rung if first not in done.forms or not made else f"{done.forms[first]}; {rung}"
+    done.nodes[first] = made[0] if made else ""
+
+
+def _one_rung(graph, node, found: list, row: Runtime, shapes: dict, constants: dict, w: Writer):
+    """Move ``node`` one rung down for what ``found`` names: whether the graph changed (a str naming the
+    rung where the node is no longer computed by a node of its own kind and name, else True or "")."""
     kinds = {o.kind for o in found}
     if node.op_type == "Slice" and kinds == {"slice"}:
         return _reversal_as_concat(node, shapes, constants, w)
     if node.op_type == "Gemm" and kinds == {"gemm"}:
         return _gemm_as_matmul(node, constants, w)
+    if node.op_type in ("ReduceMax", "ReduceMin") and kinds == {"reduce"}:
+        return _reduction_as_pairs(node, shapes, constants, w)
     steps, batch = _time_and_batch(node, shapes)
     if node.op_type in RECURRENT_OPS + ("Scan",) and not row.steps and not _natively(kinds, node, row, constants):
         raise CannotLower(f"its {node.op_type} would be its steps written out, which {row.name} does not compute")
@@ -72,9 +120,9 @@ def _one_rung(graph, node, found: list, row: Runtime, shapes: dict, constants: d
         if not steps:
             raise CannotLower("its Scan needs a fixed number of steps: give the inputs fixed shapes")
         scan_as_steps(graph, node, steps, w)
-        return True
+        return f"its {steps} steps written out"
     if node.op_type not in RECURRENT_OPS:
-        return False
+        return ""
     native = {"direction", "y_h", "initial_states", "given_states"}
     if "given_states" in kinds and kinds <= native and zero_states_given(node, constants):
         drop_zero_states(graph, node, w)
@@ -84,7 +132,7 @@ def _one_rung(graph, node, found: list, row: Runtime, shapes: dict, constants: d
         return True
     if "direction" in kinds and kinds <= native and FORWARD in row.recurrent.get(node.op_type, ()):
         as_forward_nodes(graph, node, constants.get, w)
-        return True
+        return "forward nodes, each backward pass over its input reversed"
     if kinds <= {"y_h", "initial_states"} and row.recurrent_read_as == "squeezed":
         read_through_squeeze(graph, node, constants, w)
         return True
@@ -94,7 +142,7 @@ def _one_rung(graph, node, found: list, row: Runtime, shapes: dict, constants: d
     if not steps:
         raise CannotLower(f"its {node.op_type} needs a fixed time length: give the inputs fixed shapes")
     node_as_steps(graph, node, steps, batch, constants.get, w)
-    return True
+    return f"its {steps} steps written out"
 
 
 def unshared_weights(graph: onnx.GraphProto) -> int:
@@ -184,6 +232,30 @@ def _gemm_as_matmul(node, constants: dict, w: Writer) -> bool:
         b = w.const(constants[b].T.copy(), f"{b}_transposed")
     product = w.op("MatMul", [node.input[0], b], f"{node.output[0]}_product")
     w.op("Add", [node.input[2], product], f"{node.output[0]}_sum", output_names=[node.output[0]])
+    w.replace([node])
+    return True
+
+
+def _reduction_as_pairs(node, shapes: dict, constants: dict, w: Writer) -> bool:
+    """``ReduceMax`` (``ReduceMin``) over one axis of static size as its pieces' ``Max`` (``Min``), pair by
+    pair: the same value."""
+    axes = constants.get(node.input[1]) if len(node.input) > 1 and node.input[1] else attribute(node, "axes")
+    shape = shapes.get(node.input[0])
+    if axes is None or np.size(axes) != 1 or not shape:
+        raise CannotLower(f"a {node.op_type} over other than one known axis has no pairwise form here")
+    axis = int(np.ravel(axes)[0]) % len(shape)
+    if not shape[axis]:
+        raise CannotLower(f"a {node.op_type} over an axis of unknown size has no pairwise form here")
+    pieces = w.split(node.input[0], [1] * shape[axis], axis, f"{node.output[0]}_piece")
+    pair = "Max" if node.op_type == "ReduceMax" else "Min"
+    value = pieces[0]
+    for k, piece in enumerate(pieces[1:]):
+        value = w.op(pair, [value, piece], f"{node.output[0]}_{pair.lower()}{k}")
+    if attribute(node, "keepdims", 1):
+        w.op("Identity", [value], f"{node.output[0]}_kept", output_names=[node.output[0]])
+    else:
+        w.squeeze(value, [axis], f"{node.output[0]}_squeezed")
+        w.nodes[-1].output[0] = node.output[0]
     w.replace([node])
     return True
 
