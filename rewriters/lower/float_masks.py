@@ -12,8 +12,8 @@ holding 1 for true and 0 for false, and every op that makes or reads one is writ
 - ops that only move elements (``Reshape``, ``Transpose``, ``Slice``, ``Concat``, ...) keep their op.
 
 Exact wherever the values compared and selected are finite (a difference of two finite floats is zero
-only when they are equal; ``a * 1 + b * 0`` is ``a``); an ``Inf`` or ``NaN`` among the values a ``Where`` does not select would come out ``NaN``. What this cannot write
-raises :class:`.steps.CannotLower`.
+only when they are equal; ``a * 1 + b * 0`` is ``a``); an ``Inf`` or ``NaN`` among the values a ``Where``
+does not select would come out ``NaN``. What this cannot write raises :class:`.steps.CannotLower`.
 """
 from __future__ import annotations
 
