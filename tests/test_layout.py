@@ -13,11 +13,11 @@ import os
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(ROOT, "tf2onnx_rnn")
 REWRITERS = os.path.join(ROOT, "rewriters")  # installed as tf2onnx_rnn.rewriters
-TOP_LEVEL_REWRITERS = {"__init__", "pipeline", "description", "outcome", "rows"}
+TOP_LEVEL_REWRITERS = {"__init__", "pipeline", "description", "outcome", "rows", "runtimes"}
 # the rewriter package's layers, lowest first: a module may import its own layer and those before it
 # (``__init__`` is the registry of cell families, which the readers ask)
-LAYERS = (("description", "outcome"), ("cells",), ("__init__",), ("readers",), ("emit",), ("scan",),
-          ("rows", "pipeline"))
+LAYERS = (("description", "outcome", "runtimes"), ("cells",), ("__init__",), ("readers",), ("emit",), ("scan",),
+          ("lower",), ("rows", "pipeline"))
 
 
 def _modules() -> dict:
@@ -112,7 +112,7 @@ def test_the_rewriters_folder_shows_its_roles():
     entries = {entry[:-3] if entry.endswith(".py") else entry for entry in os.listdir(REWRITERS)
                if entry != "__pycache__"}
     folders = {entry for entry in entries if os.path.isdir(os.path.join(REWRITERS, entry))}
-    assert folders == {"cells", "readers", "emit", "scan"}
+    assert folders == {"cells", "readers", "emit", "scan", "lower"}
     assert entries - folders == TOP_LEVEL_REWRITERS
     assert all(os.path.isfile(os.path.join(REWRITERS, folder, "__init__.py")) for folder in folders)
 
