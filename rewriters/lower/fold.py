@@ -46,7 +46,7 @@ def fold_static(model_proto: onnx.ModelProto, shapes: dict) -> int:
     graph.initializer.extend(made)
     del graph.node[:]
     graph.node.extend(kept)
-    _drop_unread(graph)
+    drop_unread(graph)
     return folded
 
 
@@ -61,7 +61,7 @@ def _evaluate(evaluator, node: onnx.NodeProto, values: dict):
         return None
 
 
-def _drop_unread(graph: onnx.GraphProto) -> None:
+def drop_unread(graph: onnx.GraphProto) -> None:
     """Initializers nothing reads any more (the folded nodes' inputs), subgraphs included."""
     read = {o.name for o in graph.output}
     stack = [graph]

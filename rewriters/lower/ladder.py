@@ -18,10 +18,21 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from ..runtimes import FORWARD, RECURRENT_OPS, Obstacle, Runtime, attribute, node_obstacles, obstacles, readers_of
+from ..runtimes import (
+    FORWARD,
+    INITIAL_C,
+    INITIAL_H,
+    RECURRENT_OPS,
+    Obstacle,
+    Runtime,
+    attribute,
+    node_obstacles,
+    obstacles,
+    readers_of,
+)
 from .build import Writer, names_of
 from .float_masks import bools_as_floats
-from .fold import fold_static
+from .fold import drop_unread, fold_static
 from .forward import (
     as_forward_nodes,
     drop_zero_states,
@@ -86,6 +97,7 @@ def lower_for(model_proto: onnx.ModelProto, row: Runtime) -> Lowered:
             bools_as_floats(model_proto, opset)
         except CannotLower as error:
             reasons.append(Obstacle("mask", f"cannot write its bool arithmetic in float ops: {error}"))
+    _lean_nodes(graph, row, _constants(graph))
     if not row.shared_weights:
         unshared_weights(graph)
     done.left = reasons + obstacles(model_proto, row)
@@ -143,6 +155,27 @@ def _one_rung(graph, node, found: list, row: Runtime, shapes: dict, constants: d
         raise CannotLower(f"its {node.op_type} needs a fixed time length: give the inputs fixed shapes")
     node_as_steps(graph, node, steps, batch, constants.get, w)
     return f"its {steps} steps written out"
+
+
+def _lean_nodes(graph: onnx.GraphProto, row: Runtime, constants: dict) -> None:
+    """Every recurrent node without what it need not compute: initial states of constant zeros (ONNX's
+    default; the portable form gives them for tract) where the runtime does not need them given, and
+    outputs nothing reads. The same values, less work."""
+    readers = readers_of(graph)
+    for node in graph.node:
+        if node.op_type not in RECURRENT_OPS:
+            continue
+        if node.op_type not in row.initial_states_needed and zero_states_given(node, constants):
+            for slot in (INITIAL_H, INITIAL_C):
+                if len(node.input) > slot:
+                    node.input[slot] = ""
+        for k in range(1, len(node.output)):
+            if node.output[k] and node.output[k] not in readers:
+                node.output[k] = ""
+        for names in (node.input, node.output):
+            while names and not names[-1]:
+                del names[-1]
+    drop_unread(graph)
 
 
 def unshared_weights(graph: onnx.GraphProto) -> int:
