@@ -164,6 +164,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--runtimes", default=",".join(RUNTIMES), help="comma-separated: iree, tvm, ncnn")
     args = parser.parse_args(argv)
     import tensorflow as tf
     import tf2onnx
@@ -174,7 +175,7 @@ def main(argv=None) -> int:
     kinds, batches, rounds = (KINDS[:1], (1,), 3) if args.smoke else (KINDS, (1, 8), args.rounds)
     rows = []
     with tempfile.TemporaryDirectory() as work:
-        for runtime in RUNTIMES:
+        for runtime in args.runtimes.split(","):
             python = _python(runtime)
             if python is None:
                 print(f"{runtime}: not installed (set TF2ONNX_RNN_{runtime.upper()}_PYTHON); skipped")
@@ -219,9 +220,11 @@ def _write(rows: list, smoke: bool) -> None:
     print(text)
     if not smoke:
         results = os.path.join(HERE, "results")
-        with open(os.path.join(results, "runtimes.md"), "w") as handle:
+        name = "runtimes" if len({r["runtime"] for r in rows}) == len(RUNTIMES) else \
+            "runtimes_" + "_".join(sorted({r["runtime"] for r in rows}))
+        with open(os.path.join(results, f"{name}.md"), "w") as handle:
             handle.write(text)
-        with open(os.path.join(results, "runtimes.json"), "w") as handle:
+        with open(os.path.join(results, f"{name}.json"), "w") as handle:
             json.dump(rows, handle, indent=1)
 
 
