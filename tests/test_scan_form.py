@@ -348,7 +348,8 @@ def test_a_peephole_lstm_in_the_portable_form_is_a_scan_exact_in_openvino(tmp_pa
 @pytest.mark.parametrize("form", ["v1", "v2"])
 def test_a_tf1_dynamic_rnn_over_a_cell_no_node_names_has_no_loop(form):
     """TF 1.x's ``dynamic_rnn`` over ``LSTMCell(num_proj)`` (no ONNX node projects its hidden state): in
-    both control-flow forms a Scan and no Loop, equal to the TensorFlow session."""
+    both control-flow forms a Scan of the loop's own step (not tf2onnx's Scan of a v1 loop left as it
+    is) and no Loop, equal to the TensorFlow session."""
     import tf1_graphs
     from tf2onnx_rnn import convert_graph_def, report_of
 
@@ -359,6 +360,7 @@ def test_a_tf1_dynamic_rnn_over_a_cell_no_node_names_has_no_loop(form):
     assert ops["Scan"] == 1 and not ops["Loop"], report_of(proto).table()
     (row,) = report_of(proto).outcomes
     assert "num_proj" in row.reason, row
+    assert row.became == "Scan" and "a Scan of the loop's own step" in row.form, report_of(proto).table()
     session = helpers.ort_session(proto)
     for batch, time in ((3, 5), (1, 7)):
         feeds = tf1_graphs.feeds_for(case, None, time)
@@ -386,14 +388,16 @@ def _openvino_and_tract(path: str, feeds: list) -> tuple:
 
 @pytest.mark.parametrize("form", ["v1", "v2"])
 @pytest.mark.parametrize("lengths", [False, True], ids=["no-lengths", "sequence_length"])
-def test_a_tf1_dynamic_rnn_scan_loads_in_openvino_and_tract(tmp_path, form, lengths):
-    """The Scan of a TF 1.x ``dynamic_rnn`` over ``LSTMCell(num_proj)``, in both control-flow forms, with
-    and without ``sequence_length``, runs in OpenVINO (f32) and tract, equal to the TensorFlow session
-    (rows of mixed lengths, an empty one among them, and a batch unlike the time length)."""
+@pytest.mark.parametrize("cell", ["lstm_projection", "lstm_projection_clip", "lstm_cell_clip_projection"])
+def test_a_tf1_dynamic_rnn_scan_loads_in_openvino_and_tract(tmp_path, form, lengths, cell):
+    """The Scan of a TF 1.x ``dynamic_rnn`` over ``LSTMCell(num_proj)`` (its projection clipped, or its cell
+    state), in both control-flow forms, with and without ``sequence_length``, runs in OpenVINO (f32) and
+    tract, equal to the TensorFlow session (rows of mixed lengths, an empty one among them, and a batch
+    unlike the time length)."""
     import tf1_graphs
     from tf2onnx_rnn import convert_graph_def
 
-    case = tf1_graphs.Case("dynamic", "lstm_projection", lengths, form)
+    case = tf1_graphs.Case("dynamic", cell, lengths, form)
     built = tf1_graphs.built(case)
     proto = convert_graph_def(built.path, inputs=built.inputs, outputs=built.outputs)
     assert helpers.op_counts(proto)["Scan"] == 1 and not helpers.op_counts(proto)["Loop"]

@@ -5,9 +5,11 @@ flow v1 and functional loops), every variable random, frozen; converted once per
 ``convert_graph_def`` and compared with the TensorFlow session on batches whose rows are full, shorter
 and empty (length 0), one where every row is shorter than the input, and a batch of one, at time
 lengths unlike the batch. A cell ONNX can express becomes one native node per cell and direction
-(one bidirectional node for ``bidirectional_dynamic_rnn``), no Loop or Scan left; ``num_proj`` and
-``cell_clip`` stay tf2onnx's exact loop, the report saying why. Then the other doors: the command
-line, a checkpoint's meta graph, a TF1 SavedModel; and the report's names.
+(one bidirectional node for ``bidirectional_dynamic_rnn``), no Loop or Scan left; a cell no native
+node computes (``num_proj``, ``cell_clip``, ``proj_clip`` and their mixes: the projection feeds back
+into the recurrence) becomes an exact Scan of the loop's own step, no Loop anywhere, the report saying
+why no native node. Then the other doors: the command line, a checkpoint's meta graph, a TF1
+SavedModel; and the report's names.
 """
 from __future__ import annotations
 
@@ -43,8 +45,11 @@ FUSED = ([Case("dynamic", cell, lengths, form) for cell in DYNAMIC_CELLS for len
             for form in tf1_graphs.FORMS]
          + [Case("static", cell, False, form) for cell in ("lstm", "gru", "basic_rnn") for form in tf1_graphs.FORMS]
          + [Case("fused", op, lengths) for op in FUSED_OPS for lengths in (True, False)])
-KEPT = [Case("dynamic", cell, lengths, form) for cell in ("lstm_projection", "lstm_cell_clip")
-        for lengths in (True, False) for form in tf1_graphs.FORMS]
+# cells no native node computes, each with what its row's reason must name: the matcher's, kept by the Scan
+SCANNED_CELLS = {"lstm_projection": "num_proj", "lstm_cell_clip": "cell_clip", "lstm_cell_clip_projection": "num_proj",
+                 "lstm_projection_clip": "not a LSTM cell"}  # (a clipped projection is no product o * a(c_t))
+SCANNED = [Case("dynamic", cell, lengths, form) for cell in SCANNED_CELLS for lengths in (True, False)
+           for form in tf1_graphs.FORMS]
 
 _CONVERTED: dict = {}
 
@@ -91,12 +96,24 @@ def test_tf1_cells_fuse_exactly(case):
     assert_exact(case, built, proto)
 
 
-@pytest.mark.parametrize("case", KEPT, ids=lambda case: case.id)
-def test_what_onnx_cannot_express_stays_an_exact_loop_with_a_reason(case):
+@pytest.mark.parametrize("case", SCANNED, ids=lambda case: case.id)
+def test_what_no_native_node_computes_is_an_exact_scan_of_its_own_step_with_the_reason(case):
+    """The loop is written as a Scan of its own step (ours, not tf2onnx's Scan of a v1 loop left as it is):
+    no Loop anywhere, subgraphs included; the row says Scan and keeps why no native node computes the
+    cell; equal to the TensorFlow session, rows of length 0 among them."""
     built, proto = converted(case)
+    table = report_of(proto).table()
+    ops = helpers.op_counts(proto)
+    assert not ops["Loop"] and ops["Scan"] == 1 and not ops["LSTM"], f"{dict(ops)}\n{table}"
+    (scan,) = helpers.nodes_of_types(proto, ["Scan"])
+    assert [n.name for n in proto.graph.node if n.op_type == "Scan"] == [scan.name], f"a Scan in a subgraph\n{table}"
     (row,) = report_of(proto).outcomes
-    assert not row.fused and ("num_proj" if "projection" in case.cell else "cell_clip") in row.reason, row
-    assert helpers.nodes_of_types(proto, helpers.LOOP_OPS)
+    assert row.became == "Scan" and row.own_step and not row.fused and row.node == scan.name, table
+    assert "a Scan of the loop's own step" in row.form, table
+    assert row.reason.startswith("not a LSTM cell") and SCANNED_CELLS[case.cell] in row.reason, table
+    assert "not a Scan either" not in row.reason and "internal error" not in row.reason, table
+    if case.lengths and case.form == "v2":  # the functional loop ends at the longest row: the Scan runs every step
+        assert "longest row of seq_len" in row.form, table
     assert_exact(case, built, proto)
 
 
@@ -191,6 +208,6 @@ def test_the_command_line_converts_and_verifies_a_tf1_graph(tmp_path, capfd):
 
 
 def test_the_cases_cover_every_cell_and_driver():
-    drivers = collections.Counter(case.driver for case in FUSED + KEPT)
+    drivers = collections.Counter(case.driver for case in FUSED + SCANNED)
     assert set(drivers) == {"dynamic", "bidirectional", "static", "fused"}
     assert {case.form for case in FUSED} == set(tf1_graphs.FORMS)

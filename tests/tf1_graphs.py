@@ -80,6 +80,10 @@ def make_cell(kind: str):
         return cells.LSTMCell(UNITS, num_proj=PROJECTION)
     if kind == "lstm_cell_clip":
         return cells.LSTMCell(UNITS, cell_clip=0.5)
+    if kind == "lstm_projection_clip":  # the projection clipped (proj_clip)
+        return cells.LSTMCell(UNITS, num_proj=PROJECTION, proj_clip=0.1)
+    if kind == "lstm_cell_clip_projection":  # the cell state clipped, then projected
+        return cells.LSTMCell(UNITS, num_proj=PROJECTION, cell_clip=0.3)
     if kind == "multi_lstm":
         return cells.MultiRNNCell([cells.LSTMCell(UNITS), cells.LSTMCell(UNITS)])
     if kind == "multi_mixed":
