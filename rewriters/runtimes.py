@@ -170,7 +170,7 @@ def obstacles(model_proto: onnx.ModelProto, row: Runtime) -> list:
     found: list = []
     static = _static_inputs(model_proto)
     for graph, node in _nodes(model_proto.graph):
-        constants.update(_constant_values(graph))
+        constants.update(constant_values(graph))
         found.extend(node_obstacles(node, row, constants, static, readers_of(model_proto.graph, graph)))
     ranks = [len(i.type.tensor_type.shape.dim) for i in model_proto.graph.input]
     if row.max_input_rank and max(ranks, default=0) > row.max_input_rank:
@@ -217,7 +217,7 @@ def _recurrent(node, row: Runtime, constants: dict, readers: dict, name: str) ->
         return found
     if op == "GRU" and not attribute(node, "linear_before_reset", 0) and not row.gru_linear_before_reset_0:
         found.append(Obstacle(name, "has no GRU with linear_before_reset=0 (Keras's reset_after=False)", kind="op"))
-    lengths = _slot(node.input, SEQUENCE_LENS)
+    lengths = slot(node.input, SEQUENCE_LENS)
     if lengths:
         if row.sequence_lens == "ignored" and lengths not in constants:
             found.append(Obstacle(name, f"ignores {op}'s computed sequence_lens", True, "sequence_lens"))
@@ -225,20 +225,20 @@ def _recurrent(node, row: Runtime, constants: dict, readers: dict, name: str) ->
             found.append(Obstacle(name, f"takes {op}'s sequence_lens only as a constant", kind="sequence_lens"))
         elif row.sequence_lens == "none":
             found.append(Obstacle(name, f"has no {op} with sequence_lens", kind="sequence_lens"))
-    if op == "LSTM" and _slot(node.input, PEEPHOLES) and row.peepholes != "exact":
+    if op == "LSTM" and slot(node.input, PEEPHOLES) and row.peepholes != "exact":
         found.append(Obstacle(name, "computes LSTM peepholes otherwise than ONNX", row.peepholes == "wrong",
                               "peepholes"))
-    if _slot(node.output, Y_H) and _slot(node.output, Y_H) in readers and op not in row.reads_y_h:
+    if slot(node.output, Y_H) and slot(node.output, Y_H) in readers and op not in row.reads_y_h:
         found.append(Obstacle(name, f"fails on a read Y_h of {op}", kind="y_h"))
-    if op == "LSTM" and _slot(node.output, Y_C) and _slot(node.output, Y_C) in readers and not row.reads_y_c:
+    if op == "LSTM" and slot(node.output, Y_C) and slot(node.output, Y_C) in readers and not row.reads_y_c:
         found.append(Obstacle(name, "fails on a read Y_c of LSTM", kind="op"))
     squeezed = _squeezed(node.output[Y], readers, constants)
     if row.recurrent_read_as == "squeezed" and direction == FORWARD and not squeezed:
         found.append(Obstacle(name, f"maps {op} only when its Y alone is read, by a Squeeze of its axis 1",
                               kind="y_h"))
-    if not row.given_states and any(_slot(node.input, s) for s in (INITIAL_H, INITIAL_C)):
+    if not row.given_states and any(slot(node.input, s) for s in (INITIAL_H, INITIAL_C)):
         found.append(Obstacle(name, f"maps {op} only without initial states", kind="given_states"))
-    if op in row.initial_states_needed and not _slot(node.input, INITIAL_H):
+    if op in row.initial_states_needed and not slot(node.input, INITIAL_H):
         found.append(Obstacle(name, f"fails on {op} without initial states", kind="initial_states"))
     return found
 
@@ -251,7 +251,8 @@ def attribute(node: onnx.NodeProto, name: str, default=None):
     return default
 
 
-def _slot(names, index: int) -> str:
+def slot(names, index: int) -> str:
+    """The name at ``index`` of a node's inputs or outputs ("" where absent)."""
     return names[index] if len(names) > index else ""
 
 
@@ -260,7 +261,8 @@ def _negative_step(node: onnx.NodeProto, constants: dict) -> bool:
     return len(node.input) > 4 and bool(node.input[4]) and (steps is None or bool((np.asarray(steps) < 0).any()))
 
 
-def _constant_values(graph: onnx.GraphProto) -> dict:
+def constant_values(graph: onnx.GraphProto) -> dict:
+    """name -> value of ``graph``'s initializers and Constant nodes."""
     values = {t.name: t for t in graph.initializer}
     values.update({n.output[0]: n.attribute[0].t for n in graph.node
                    if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"})

@@ -32,12 +32,9 @@ from ..runtimes import (
     readers_of,
     squeezes_axis_1,
 )
+from ..runtimes import slot as _slot
 from .build import INT64_MAX, INT64_MIN, Writer
 from .steps import CannotLower
-
-
-def _slot(names, index: int) -> str:
-    return names[index] if len(names) > index else ""
 
 
 def _reversed(w: Writer, x: str, base: str) -> str:

@@ -16,7 +16,6 @@ from typing import Optional
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
 from ..runtimes import (
     FORWARD,
@@ -26,6 +25,7 @@ from ..runtimes import (
     Obstacle,
     Runtime,
     attribute,
+    constant_values,
     node_obstacles,
     obstacles,
     readers_of,
@@ -70,7 +70,7 @@ def lower_for(model_proto: onnx.ModelProto, row: Runtime) -> Lowered:
     except Exception as error:  # noqa: BLE001 - folding only simplifies: the graph stays as it was
         logger.warning("internal error while folding fixed shapes: %s: %s", type(error).__name__, error, exc_info=True)
     for _ in range(_ROUNDS):
-        shapes, constants = _shapes(model_proto), _constants(graph)
+        shapes, constants = _shapes(model_proto), constant_values(graph)
         changed = _parts_read_straight(graph, shapes, constants) > 0
         for node in list(graph.node):
             found = node_obstacles(node, row, constants, True, readers_of(graph))
@@ -97,7 +97,7 @@ def lower_for(model_proto: onnx.ModelProto, row: Runtime) -> Lowered:
             bools_as_floats(model_proto, opset)
         except CannotLower as error:
             reasons.append(Obstacle("mask", f"cannot write its bool arithmetic in float ops: {error}"))
-    _lean_nodes(graph, row, _constants(graph))
+    _lean_nodes(graph, row, constant_values(graph))
     if not row.shared_weights:
         unshared_weights(graph)
     done.left = reasons + obstacles(model_proto, row)
@@ -337,14 +337,6 @@ def _shapes(model_proto: onnx.ModelProto) -> dict:
     for tensor in graph.initializer:
         found[tensor.name] = list(tensor.dims)
     return found
-
-
-def _constants(graph: onnx.GraphProto) -> dict:
-    values = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
-    for node in graph.node:
-        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
-            values[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
-    return values
 
 
 def check(model_proto: onnx.ModelProto, row: Runtime) -> Optional[Obstacle]:
