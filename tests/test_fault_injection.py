@@ -290,6 +290,9 @@ def build_model(flavor: str, which: str = "main"):
 # a TF 1.x graph whose two-layer bidirectional op takes lengths and initial states computed from x
 # (cudnn_graphs.computed_lengths_graph), checked against Keras's canonical layers
 CUDNN_MODELS = ("gpu_export", "cudnn_layers", "tf1_graph")
+# the main model with a fixed signature, converted for a runtime target (rewriters.lower writes it for that
+# runtime): TVM's lowers each native node to its steps, rknn's each masked layer's own step (its mask as floats)
+RUNTIME_MODELS = ("for_tvm", "for_rknn")
 
 
 def _cudnn_model(which: str):
@@ -345,10 +348,13 @@ def batch() -> np.ndarray:
     return x * mask[:, :, None]
 
 
-def batches() -> list:
+def batches(which: str = "main") -> list:
     """(label, x): :func:`batch`, then its full and post-padded rows alone and its full row alone: the
-    default form's mask arithmetic decides at run time, and these take its lean branches."""
+    default form's mask arithmetic decides at run time, and these take its lean branches (a model of
+    RUNTIME_MODELS takes :func:`batch` alone: its signature is fixed)."""
     x = batch()
+    if which in RUNTIME_MODELS:
+        return [("rows of every kind", x)]
     return [("rows of every kind", x), ("full and post-padded rows", x[:2]), ("a full row", x[:1])]
 
 
@@ -382,7 +388,7 @@ def model_and_expected(flavor: str, which: str = "main"):
         model = reference = build_model(flavor, which)
         if which in CUDNN_MODELS:
             model, reference = model
-        _MODELS[flavor, which] = (model, [parity.keras_outputs(reference, [x]) for _, x in batches()])
+        _MODELS[flavor, which] = (model, [parity.keras_outputs(reference, [x]) for _, x in batches(which)])
     return _MODELS[flavor, which]
 
 
@@ -392,6 +398,11 @@ def convert(which: str, model, **options):
         return tf2onnx_rnn.convert_saved_model(model, check_shapes=False, **options)
     if which == "tf1_graph":
         return tf2onnx_rnn.convert_graph_def(*model, check_shapes=False, rename_inputs=["x"], **options)
+    if which in RUNTIME_MODELS:  # its signature fixed to the batch the outputs are checked on
+        import tensorflow as tf
+
+        signature = [tf.TensorSpec(batch().shape, tf.float32, name="x")]
+        options = {**options, "target": which[len("for_"):], "input_signature": signature}
     return tf2onnx_rnn.convert_keras(model, check_shapes=False, **options)
 
 
@@ -424,6 +435,11 @@ RUN_ONLY_WITH = {
     ("readers.cudnn_rows", ""): {"models": CUDNN_MODELS},
     ("readers.cudnn_outputs", ""): {"models": CUDNN_MODELS},
     ("readers.cudnn_params", ""): {"models": CUDNN_MODELS},
+    # the lowering for a runtime target: each target with each runtime's model
+    **{(module, ""): {"models": RUNTIME_MODELS} for module in (
+        "lower", "lower.build", "lower.fold", "lower.forward", "lower.steps", "lower.scan_steps",
+        "lower.float_masks", "lower.ladder")},
+    ("runtimes", "masked_own_step"): {"models": RUNTIME_MODELS},
 }
 
 
@@ -488,11 +504,12 @@ def target_code(target: Target):
 
 def problems_of(flavor: str, model_proto, warnings: list, target: Optional[Target] = None) -> list:
     """Everything wrong with a conversion: outputs against Keras, and the report against the graph."""
-    _, expected = model_and_expected(flavor, conversion_options(target)[0])
+    which = conversion_options(target)[0]
+    _, expected = model_and_expected(flavor, which)
     session = parity.ort_session(model_proto)
     names = [o.name for o in session.get_outputs()]
     found = []
-    for (label, x), wanted in zip(batches(), expected):
+    for (label, x), wanted in zip(batches(which), expected):
         found += parity.output_problems(label, names, wanted, parity.run_onnx(session, ["x"], [x]), TOLERANCE)[0]
     report = tf2onnx_rnn.report_of(model_proto)
     if report is None:
@@ -576,8 +593,9 @@ def converted_problems(flavor: str, target: Target, caplog) -> list:
             # axis fails the comparison with Keras below
             model_proto = convert(which, model, **options)
         except tf2onnx_rnn.ConversionError as error:
-            if which in CUDNN_MODELS and INTERNAL in str(error) and "\n" not in str(error):
-                return []  # a fused op no fallback computes: refused in one line naming the fault, nothing written
+            if which in CUDNN_MODELS + RUNTIME_MODELS and INTERNAL in str(error) and "\n" not in str(error):
+                return []  # a fused op no fallback computes, or a runtime's form: refused in one line naming
+                # the fault, nothing written
             return [f"the conversion raised {type(error).__name__}: {error}"]
         except Exception as error:  # noqa: BLE001 - any exception is the failure being tested for
             return [f"the conversion raised {type(error).__name__}: {error}"]
@@ -636,7 +654,7 @@ def test_unfaulted_conv_model_is_lean_scans():
 def _cases():
     for index, target in enumerate(TARGETS):
         models = options_for(target).get("models")
-        if models:  # the models hold cuDNN ops whatever the flavor: once each
+        if models:  # models that are the same whatever the flavor (cuDNN ops, a lowering): once each
             for which in models:
                 model_target = dataclasses.replace(target, model=which)
                 yield pytest.param(parity.FLAVORS[0], model_target, id=f"{parity.FLAVORS[0]}-{model_target.id}")

@@ -293,8 +293,10 @@ def test_unmasked_layers_are_unchanged_but_reverse_nodes():
 def test_portable_is_a_known_target():
     from tf2onnx import constants
 
-    assert set(options.known_targets()) == set(constants.POSSIBLE_TARGETS) | {"portable", "training", "onnxruntime"}
+    ours = {"portable", "training", "onnxruntime"} | set(options.RUNTIME_TARGETS)
+    assert set(options.known_targets()) == set(constants.POSSIBLE_TARGETS) | ours
     assert options.Options.of(target="portable").portable
+    assert all(options.Options.of(target=runtime).portable for runtime in options.RUNTIME_TARGETS)
     assert options.Options.of(target=["tensorrt", "portable"]).portable
     assert not options.Options.of(target="tensorrt").portable and not options.Options.of().portable
     with pytest.raises(ConversionError, match="known: .*portable"):

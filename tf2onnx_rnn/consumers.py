@@ -18,26 +18,31 @@ logger = logging.getLogger("tf2onnx_rnn")
 
 def consumer_notes(model_proto: onnx.ModelProto) -> tuple:
     """The report's lines: the runtimes computing ``model_proto``, then one line per runtime that does not.
-    A failure to read the table leaves the report without them, and says so in the log."""
-    try:
-        return _notes(model_proto)
-    except Exception as error:  # noqa: BLE001 - the model is as converted; only the report's lines are missing
-        logger.warning("the report does not say where the model runs: internal error: %s: %s",
-                       type(error).__name__, error, exc_info=True)
-        return ()
-
-
-def _notes(model_proto: onnx.ModelProto) -> tuple:
+    A failure to read one runtime's row costs that runtime's line alone, which says so."""
     computing, lines = [], []
     for row in RUNTIMES:
-        found = sorted(obstacles(model_proto, row), key=lambda o: not o.silent)
-        if not found:
+        line = _line(model_proto, row)
+        if line is None:
             computing.append(row.key)
-            continue
-        first = found[0]
-        what = f"{first.why} ({first.node})" + (": silently wrong, no error" if first.silent else "")
-        lines.append(f"note: {row.name} does not compute this model as written: it {what}; {_advice(row, found)}")
+        else:
+            lines.append(line)
     return (f"runs in, as ONNX defines it: {', '.join(computing) or 'none of the runtimes measured'}",) + tuple(lines)
+
+
+def _line(model_proto: onnx.ModelProto, row) -> "str | None":
+    """``row``'s runtime's line (None: it computes the model as written)."""
+    try:
+        found = sorted(obstacles(model_proto, row), key=lambda o: not o.silent)
+    except Exception as error:  # noqa: BLE001 - the model is as converted; only this runtime's line is unknown
+        logger.debug("reading %s's row of the runtimes table raised", row.name, exc_info=True)
+        why = f"internal error: {type(error).__name__}: {error}"
+        logger.warning("the report does not say whether %s computes the model: %s", row.name, why)
+        return f"note: whether {row.name} computes this model is not known: {why}"
+    if not found:
+        return None
+    first = found[0]
+    what = f"{first.why} ({first.node})" + (": silently wrong, no error" if first.silent else "")
+    return f"note: {row.name} does not compute this model as written: it {what}; {_advice(row, found)}"
 
 
 def _advice(row, found: list) -> str:

@@ -20,7 +20,7 @@ from .errors import ConversionError, first_line, param
 from .lean_tf2onnx import lean_passes, shared_parents
 from .options import Options
 from .probes import default_opset
-from .rewriters.outcome import STEPS, Findings
+from .rewriters.outcome import LOOP, STEPS, Findings
 from .sources import Frozen, placeholder_shapes, resolve_names
 
 logger = logging.getLogger("tf2onnx_rnn")
@@ -64,8 +64,7 @@ def lower_for_runtime(model_proto: onnx.ModelProto, target: str, report):
     as that runtime's row of ``rewriters.runtimes`` needs), and ``report`` saying how each layer is computed
     there; its inputs must have fixed shapes, and what the runtime still cannot compute is a
     :class:`ConversionError` naming the runtime, the layer and why."""
-    from .rewriters.lower import lower_for
-    from .rewriters.runtimes import BY_KEY, masked_own_step
+    from .rewriters.runtimes import BY_KEY
 
     row = BY_KEY[target]
     constants = {t.name for t in model_proto.graph.initializer}
@@ -84,16 +83,14 @@ def lower_for_runtime(model_proto: onnx.ModelProto, target: str, report):
         raise ConversionError(f"{param('target')} {target}: {row.name} computes one batch row at a time, and input "
                               f"{batched[0].name} is {dims}: give it batch size 1 with {param('inputs')} (for example "
                               f"\"{batched[0].name}[{','.join(['1'] + [str(d) for d in dims[1:]])}]\")")
-    masked = [o for o in report.outcomes if o.mask or (o.reason and o.reason == masked_own_step(row))]
-    if row.masks and masked:
-        raise ConversionError(f"{param('target')} {target}: {row.name} cannot compute {masked[0].layer}: {row.masks}")
-    lowered = lower_for(model_proto, row)
-    if lowered.left:
-        first = sorted(lowered.left, key=lambda o: not o.silent)[0]
-        layer = "the model" if first.kind in ("inputs", "rank") else \
-            next((o.layer for o in report.outcomes if o.node and first.node.startswith(o.node.replace("/", "_"))
-                  or o.node == first.node), first.node)
-        raise ConversionError(f"{param('target')} {target}: {row.name} cannot compute {layer}: it {first.why}")
+    try:
+        lowered = _lowered(model_proto, target, row, report)
+    except ConversionError:
+        raise
+    except Exception as error:  # noqa: BLE001 - nothing is written: the runtime would not compute the model
+        logger.debug("lowering for %s raised", row.name, exc_info=True)
+        raise ConversionError(f"{param('target')} {target}: internal error while writing the model for {row.name}: "
+                              f"{type(error).__name__}: {first_line(str(error))}") from None
     rows = []
     for o in report.outcomes:
         form = lowered.forms.get(o.node)
@@ -106,6 +103,29 @@ def lower_for_runtime(model_proto: onnx.ModelProto, target: str, report):
                                             form=f"{o.became} {form} for {row.name}"))
     report.outcomes = rows
     return report
+
+
+def _lowered(model_proto: onnx.ModelProto, target: str, row, report):
+    """``model_proto`` lowered for ``row``'s runtime, or the :class:`ConversionError` saying what it cannot
+    compute (and why a layer is not in the form the runtime's target writes, where the report says)."""
+    from .rewriters.lower import lower_for
+    from .rewriters.runtimes import masked_own_step
+
+    masked = [o for o in report.outcomes if o.mask or (o.reason and o.reason == masked_own_step(row))]
+    if row.masks and masked:
+        raise ConversionError(f"{param('target')} {target}: {row.name} cannot compute {masked[0].layer}: {row.masks}")
+    lowered = lower_for(model_proto, row)
+    if lowered.left:
+        first = sorted(lowered.left, key=lambda o: not o.silent)[0]
+        outcome = next((o for o in report.outcomes if o.node and first.node.startswith(o.node.replace("/", "_"))
+                        or o.node == first.node or o.loop and first.node.startswith(o.loop)), None)
+        layer = "the model" if first.kind in ("inputs", "rank") else outcome.layer if outcome else first.node
+        stays = f" ({outcome.layer} is {outcome.became}: {outcome.reason})" if outcome and outcome.reason and \
+            (outcome.became == LOOP or outcome.own_step) else ""
+        errors = "".join(f" ({why})" for why in lowered.errors if why not in first.why)
+        raise ConversionError(f"{param('target')} {target}: {row.name} cannot compute {layer}: it {first.why}"
+                              f"{stays}{errors}")
+    return lowered
 
 
 def drop_state_defaults(model_proto: onnx.ModelProto, findings: Findings) -> None:

@@ -52,11 +52,13 @@ _ROUNDS = 6  # a node climbs down at most this many rungs
 class Lowered:
     """What lowering left and did: the :class:`Obstacle` s no rung removes (a rung that cannot write a node
     adds its reason), and per recurrent node or Scan of the written model (by its name there) how the
-    runtime now computes it and by which node ("" where its steps are written out)."""
+    runtime now computes it and by which node ("" where its steps are written out); ``errors``: the internal
+    errors a step was left out for, in words (the graph stays exact without that step)."""
 
     left: list = field(default_factory=list)
     forms: dict = field(default_factory=dict)
     nodes: dict = field(default_factory=dict)
+    errors: list = field(default_factory=list)
 
 
 def lower_for(model_proto: onnx.ModelProto, row: Runtime) -> Lowered:
@@ -68,7 +70,7 @@ def lower_for(model_proto: onnx.ModelProto, row: Runtime) -> Lowered:
     try:
         fold_static(model_proto, _shapes(model_proto))
     except Exception as error:  # noqa: BLE001 - folding only simplifies: the graph stays as it was
-        logger.warning("internal error while folding fixed shapes: %s: %s", type(error).__name__, error, exc_info=True)
+        done.errors.append(_contained("folding fixed shapes", error))
     for _ in range(_ROUNDS):
         shapes, constants = _shapes(model_proto), constant_values(graph)
         changed = _parts_read_straight(graph, shapes, constants) > 0
@@ -82,10 +84,9 @@ def lower_for(model_proto: onnx.ModelProto, row: Runtime) -> Lowered:
             except CannotLower as error:
                 reasons.append(Obstacle(node.name or node.output[0], f"cannot be written in its ops: {error}"))
             except Exception as error:  # noqa: BLE001 - the node stays as it is; the conversion refuses it
-                logger.warning("internal error while lowering %s for %s: %s: %s", node.name, row.name,
-                               type(error).__name__, error, exc_info=True)
-                reasons.append(Obstacle(node.name or node.output[0], f"internal error while lowering it: "
-                                                                     f"{type(error).__name__}: {error}"))
+                why = _contained(f"lowering {node.name} for {row.name}", error)
+                done.errors.append(why)
+                reasons.append(Obstacle(node.name or node.output[0], why))
             else:
                 changed |= bool(rung)
                 if isinstance(rung, str) and rung:
@@ -102,6 +103,14 @@ def lower_for(model_proto: onnx.ModelProto, row: Runtime) -> Lowered:
         unshared_weights(graph)
     done.left = reasons + obstacles(model_proto, row)
     return done
+
+
+def _contained(step: str, error: Exception) -> str:
+    """``error`` in words, logged (its traceback at debug level): the step it stopped is left out."""
+    logger.debug("%s raised", step, exc_info=True)
+    why = f"internal error while {step}: {type(error).__name__}: {error}"
+    logger.warning("%s", why)
+    return why
 
 
 def _record(done: Lowered, origin: dict, name: str, rung: str, placed: list) -> None:
