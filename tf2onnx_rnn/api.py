@@ -281,7 +281,7 @@ def convert(frozen: Frozen, options: Options) -> Conversion:
 def _checked_feeds(model_proto: onnx.ModelProto) -> list:
     """The rounds of inputs the checks will give the model (none where its inputs cannot be made: the
     session is still created)."""
-    from .verify import check_feeds
+    from .feeds import check_feeds
 
     try:
         return check_feeds(model_proto)

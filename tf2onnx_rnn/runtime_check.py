@@ -85,7 +85,7 @@ class _Runner:
 def verify_in_runtime(checked, model_proto: onnx.ModelProto, target: str, tolerance: float) -> tuple:
     """(the verification of ``model_proto`` in ``target``'s runtime against ``checked``'s source, or None,
     one line saying what ran it or why it did not run)."""
-    from .verify import RUNNER
+    from .comparison import RUNNER
 
     row = BY_KEY[target]
     python = python_for(row)
