@@ -8,14 +8,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 from ..description import Direction, MaskedOutput, NodeDirection, Pass, RecurrentLayer, StateRole
+from .emission import Emission
 from .mask_tensors import ALWAYS, AT_RUN_TIME, Always
 from .scattered_mask import ScatteredMask
 
-if TYPE_CHECKING:  # the emitter hands itself to a variant; the variant never imports it
-    from .emitter import Emission
 
 class MaskForm:
     """How a masked layer's mask reaches its node: the kept counts as ``sequence_lens``, so the node

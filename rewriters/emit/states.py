@@ -8,16 +8,15 @@ as zeros. One is chosen per conversion by :func:`select_states`.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import numpy as np
 from onnx import helper
 from tf2onnx import utils
 
 from ..description import Direction, NodeDirection, NoMatch, RecurrentLayer, StateRole
+from .emission import Emission
 
-if TYPE_CHECKING:  # the emitter hands itself to a variant; the variant never imports it
-    from .emitter import Emission
 
 class StateWiring:
     """How a layer's recurrent states meet the model: the states the model itself gives and uses.
