@@ -93,14 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="exit status: 0 converted, 1 verification or the output shape check failed, 2 bad input, "
                "3 internal error; "
                "the output file is written only on success.")
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--saved-model", "--saved_model", dest="saved_model", metavar="DIR",
-                        help="a SavedModel directory (tf.saved_model, Keras 3 model.export, tf_keras save)")
-    source.add_argument("--keras", metavar="FILE", help="a Keras model file: .keras, or .h5 (Keras 3 or Keras 2)")
-    source.add_argument("--tflite", metavar="FILE", help="a TFLite file (.tflite)")
-    source.add_argument("--graphdef", metavar="FILE", help="a frozen GraphDef (.pb), with --inputs and --outputs")
-    source.add_argument("--checkpoint", metavar="FILE", help="a TF1 checkpoint's meta graph (model.meta), with "
-                                                             "--inputs and --outputs")
+    _add_source_flags(parser)
     parser.add_argument("--output", required=True, metavar="FILE", help="the ONNX file to write")
     parser.add_argument("--opset", type=int, metavar="N", help="ONNX opset (default: tf2onnx's, capped at what "
                                                               "the installed onnxruntime runs)")
@@ -167,6 +160,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add_training_flags(parser)
     parser.add_argument("--debug", action="store_true", help="show tracebacks and TensorFlow's log")
     return parser
+
+
+def _add_source_flags(parser: argparse.ArgumentParser) -> None:
+    """The model to convert: exactly one source."""
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--saved-model", "--saved_model", dest="saved_model", metavar="DIR",
+                        help="a SavedModel directory (tf.saved_model, Keras 3 model.export, tf_keras save)")
+    source.add_argument("--keras", metavar="FILE", help="a Keras model file: .keras, or .h5 (Keras 3 or Keras 2)")
+    source.add_argument("--tflite", metavar="FILE", help="a TFLite file (.tflite)")
+    source.add_argument("--graphdef", metavar="FILE", help="a frozen GraphDef (.pb), with --inputs and --outputs")
+    source.add_argument("--checkpoint", metavar="FILE", help="a TF1 checkpoint's meta graph (model.meta), with "
+                                                             "--inputs and --outputs")
 
 
 def _add_tflite_flags(parser: argparse.ArgumentParser) -> None:
