@@ -169,9 +169,14 @@ def obstacles(model_proto: onnx.ModelProto, row: Runtime) -> list:
     constants: dict = {}
     found: list = []
     static = _static_inputs(model_proto)
+    whole = readers_of(model_proto.graph)
+    readers: dict = {}  # id of a graph -> what reads each name, its own outputs read by None
     for graph, node in _nodes(model_proto.graph):
-        constants.update(constant_values(graph))
-        found.extend(node_obstacles(node, row, constants, static, readers_of(model_proto.graph, graph)))
+        if id(graph) not in readers:
+            constants.update(constant_values(graph))
+            readers[id(graph)] = {**whole, **{o.name: whole.get(o.name, []) + [None] for o in graph.output}} \
+                if graph is not model_proto.graph else whole
+        found.extend(node_obstacles(node, row, constants, static, readers[id(graph)]))
     ranks = [len(i.type.tensor_type.shape.dim) for i in model_proto.graph.input]
     if row.max_input_rank and max(ranks, default=0) > row.max_input_rank:
         found.insert(0, Obstacle("inputs", f"takes no input of rank {max(ranks)}", kind="rank"))

@@ -74,8 +74,9 @@ def lower_for(model_proto: onnx.ModelProto, row: Runtime) -> Lowered:
     for _ in range(_ROUNDS):
         shapes, constants = _shapes(model_proto), constant_values(graph)
         changed = _parts_read_straight(graph, shapes, constants) > 0
+        readers = readers_of(graph)  # read again after each rung: a rung rewrites what reads what
         for node in list(graph.node):
-            found = node_obstacles(node, row, constants, True, readers_of(graph))
+            found = node_obstacles(node, row, constants, True, readers)
             if not found:
                 continue
             w = Writer(graph, opset, names_of(graph))
@@ -91,6 +92,7 @@ def lower_for(model_proto: onnx.ModelProto, row: Runtime) -> Lowered:
                 changed |= bool(rung)
                 if isinstance(rung, str) and rung:
                     _record(done, origin, node.name, rung, w.placed)
+            readers = readers_of(graph)
         if not changed:
             break
     if any(o.kind == "bool" for o in obstacles(model_proto, row)):
