@@ -13,16 +13,16 @@ from typing import Optional
 import onnx
 from onnx import helper, numpy_helper
 
+from .constants import Constants
 from .graph_index import Scope, outer_reads
 
 
-def fold(nodes: list, scope: Scope, initializers: list, opset: int) -> list:
+def fold(nodes: list, constants: Constants, opset: int) -> list:
     """``nodes`` (moved out of a step, in order), those computed from constants alone replaced by
-    initializers appended to ``initializers``; the nodes left."""
-    known = {t.name: numpy_helper.to_array(t) for t in initializers}
+    constants of their outputs' values (``constants``: the rewrite's); the nodes left."""
     left = []
     for node in nodes:
-        values = [known.get(name) if name in known else scope.constant(name) for name in node.input if name]
+        values = [constants.value(name) for name in node.input if name]
         foldable = all(v is not None for v in values) and not _holds_graph(node)
         outputs = evaluate(node, values, opset) if foldable else None
         if outputs is None:
@@ -30,8 +30,7 @@ def fold(nodes: list, scope: Scope, initializers: list, opset: int) -> list:
             continue
         for name, value in zip(node.output, outputs):
             if name:
-                known[name] = value
-                initializers.append(numpy_helper.from_array(value, name))
+                constants.named(name, value)
     return left
 
 

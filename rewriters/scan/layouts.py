@@ -29,6 +29,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from .constants import Constants
 from .graph_index import TypeTable, attribute, fresh, reads, subgraphs
 from .siblings import once
 
@@ -51,8 +52,7 @@ class Layouts:
     outputs: dict = field(default_factory=dict)
 
 
-def carry_in_layouts(body: list, states: list, step_outputs: list, types: TypeTable,
-                     value: Callable[[str], Optional[np.ndarray]], const: Callable[[np.ndarray, str], str]) -> Layouts:
+def carry_in_layouts(body: list, states: list, step_outputs: list, types: TypeTable, constants: Constants) -> Layouts:
     """``body``'s states (``states``: (body input, body output) pairs) carried in the layout their step's
     transposes want, and its per-step outputs (``step_outputs``) stacked untransposed, where that leaves the
     step fewer Transpose nodes (see the module); else ``body`` as it is. Each state in turn takes the
@@ -60,6 +60,7 @@ def carry_in_layouts(body: list, states: list, step_outputs: list, types: TypeTa
     before = _transposes(body)
     if not before:
         return Layouts(list(body))
+    value, const = constants.value, constants.const
     chosen: dict = {}
     best = _laid(body, states, step_outputs, chosen, types, value, const)
     for _ in range(len(states) + 1):  # until no state's layout leaves fewer (one state's may wait on another's)

@@ -16,6 +16,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from ..description import NoMatch
+from .constants import Constants
 from .folding import computed_reads, fold
 from .graph_index import Scope, TypeTable, attribute, fresh, outer_reads, reads, subgraphs, topological, upstream
 from .hoisting import hoist
@@ -50,6 +51,7 @@ def write_scan(loop: onnx.NodeProto, loop_map: LoopMap, scope: Scope, types: Typ
     body = onnx.GraphProto()
     body.CopyFrom(attribute(loop, "body"))
     outer_nodes, initializers = [], _promoted_initializers(body, scope)
+    constants = Constants(scope, types, initializers)  # appends what the rewrite makes to initializers
     loop_map, twins = _merge_twin_states(loop_map, body, scope)
     outputs = [state.step_output for state in loop_map.states] + [out for out, _ in loop_map.step_outputs]
     declared = {}  # a body output -> the loop body's output whose type it has
@@ -69,14 +71,15 @@ def write_scan(loop: onnx.NodeProto, loop_map: LoopMap, scope: Scope, types: Typ
     state_inputs = [state.step_input for state in loop_map.states]
     row_ranks = {row: _row_rank(row, sequence, types) for row, sequence in rows.items()}
     hoisted = hoist(topological(nodes, set(rows) | set(state_inputs)), rows, row_ranks, set(state_inputs),
-                    scope, types, opset, keep=lambda name: name in outputs, promoted=tuple(initializers))
-    initializers += hoisted.initializers
-    outer_nodes += fold(hoisted.outer, scope, initializers, opset)
+                    constants, types, opset, keep=lambda name: name in outputs)
+    outer_nodes += fold(hoisted.outer, constants, opset)
     rows = hoisted.rows or dict(list(rows.items())[:1])  # a Scan scans at least one sequence
     for name, source in declared.items():  # an output's copy has the type of what it copies
         if source in types.types and name not in types.types:
             types.types[name] = types.types[source]
-    layouts = _carried_in_layouts(hoisted, state_inputs, outputs, len(loop_map.states), scope, types, initializers)
+    layouts = carry_in_layouts(hoisted.body, list(zip(state_inputs, outputs[:len(loop_map.states)])),
+                               outputs[len(loop_map.states):], types, constants)
+    hoisted.body = layouts.nodes
     state_inputs = [layouts.inputs.get(name, (name, None))[0] for name in state_inputs]
     unlaid, outputs = outputs, [layouts.outputs.get(name, (name, None))[0] for name in outputs]
     passed = _passed_on(hoisted.body, outputs, scope, {t.name for t in initializers} | set(state_inputs) | set(rows),
@@ -98,22 +101,8 @@ def write_scan(loop: onnx.NodeProto, loop_map: LoopMap, scope: Scope, types: Typ
     state_ends = tuple(finals[:len(loop_map.states)])  # each carried state's last value, as the loop lays it out
     initials = [state.initial for state in loop_map.states] + [outer for outer, _, _ in passed]
     sequences = [final for _, final in loop_map.step_outputs]
-    after = []
-    for index, state in enumerate(loop_map.states):  # a state carried in another layout: transposed on its way
-        if state.step_input in layouts.inputs:      # in and out
-            initial, perm = initials[index], layouts.inputs[state.step_input][1]
-            initials[index] = fresh(initial)
-            outer_nodes.append(helper.make_node("Transpose", [initial], [initials[index]], name=fresh("layout_in"),
-                                                perm=perm))
-            final, finals[index] = finals[index], fresh(finals[index])
-            if scope.used(final) or every_final:
-                after.append(helper.make_node("Transpose", [finals[index]], [final], name=fresh("layout_out"),
-                                              perm=layouts.outputs[unlaid[index]][1]))
-    for index, step_output in enumerate(unlaid[len(loop_map.states):]):  # a per-step output stacked untransposed
-        if step_output in layouts.outputs:
-            sequence, sequences[index] = sequences[index], fresh(sequences[index])
-            after.append(helper.make_node("Transpose", [sequences[index]], [sequence], name=fresh("layout_out"),
-                                          perm=outside(True, layouts.outputs[step_output][1])))
+    after = _layout_transposes(loop_map, layouts, unlaid, (initials, finals, sequences), scope, every_final,
+                               outer_nodes)
     scan = helper.make_node("Scan", initials + list(rows.values()), finals + sequences, name=loop.name,
                             body=new_body, num_scan_inputs=len(rows))
     after += [helper.make_node("Identity", [inv.initial], [inv.final], name=fresh("invariant"))
@@ -121,6 +110,7 @@ def write_scan(loop: onnx.NodeProto, loop_map: LoopMap, scope: Scope, types: Typ
     after += [helper.make_node("Identity", [kept], [merged], name=fresh("twin_state"))
               for merged, kept in twins if merged and scope.used(merged)]
     _replace(scope.graph, loop, outer_nodes + [scan] + after)
+    constants.drop_unread(outer_nodes + [scan] + after)  # a layout trial's that lost, a constant folded away
     scope.graph.initializer.extend(initializers)
     lifted = {op: count for op, count in hoisted.lifted.items() if op in ("Conv", "MatMul", "Gemm")}
     return Written(loop.name, len(loop_map.states), len(rows), hoisted.moved, normalisations, unfused,
@@ -129,26 +119,31 @@ def write_scan(loop: onnx.NodeProto, loop_map: LoopMap, scope: Scope, types: Typ
                    tuple(types.shape(state.step_input) for state in loop_map.states))
 
 
-def _carried_in_layouts(hoisted, state_inputs: list, outputs: list, states: int, scope: Scope, types: TypeTable,
-                        initializers: list) -> Layouts:
-    """The step's states carried in the layouts its work wants (:mod:`.layouts`); ``outputs``: the step's,
-    its states' first (``states`` of them), then its per-step outputs."""
-    known = {t.name: t for t in initializers}
-
-    def value(name: str):
-        return numpy_helper.to_array(known[name]) if name in known else scope.constant(name)
-
-    def const(array: np.ndarray, base: str) -> str:
-        tensor = numpy_helper.from_array(array, fresh(base))
-        initializers.append(tensor)
-        known[tensor.name] = tensor
-        types.types[tensor.name] = helper.make_tensor_type_proto(tensor.data_type, list(tensor.dims))
-        return tensor.name
-
-    layouts = carry_in_layouts(hoisted.body, list(zip(state_inputs, outputs[:states])), outputs[states:], types,
-                               value, const)
-    hoisted.body = layouts.nodes
-    return layouts
+def _layout_transposes(loop_map: LoopMap, layouts: Layouts, unlaid: list, ends: tuple, scope: Scope,
+                       every_final: bool, outer_nodes: list) -> list:
+    """The transposes around the Scan where its step carries a state, or stacks an output, in a layout of
+    its own (``unlaid``: the step's outputs before :mod:`.layouts`): a state's start transposed on its way in
+    (appended to ``outer_nodes``), its last value (where read, or ``every_final``) and a stacked output on
+    their way out (returned). ``ends``: the Scan's (initial states, final states, sequences), renamed here
+    where a transpose stands between."""
+    initials, finals, sequences = ends
+    after = []
+    for index, state in enumerate(loop_map.states):
+        if state.step_input in layouts.inputs:
+            initial, perm = initials[index], layouts.inputs[state.step_input][1]
+            initials[index] = fresh(initial)
+            outer_nodes.append(helper.make_node("Transpose", [initial], [initials[index]], name=fresh("layout_in"),
+                                                perm=perm))
+            final, finals[index] = finals[index], fresh(finals[index])
+            if scope.used(final) or every_final:
+                after.append(helper.make_node("Transpose", [finals[index]], [final], name=fresh("layout_out"),
+                                              perm=layouts.outputs[unlaid[index]][1]))
+    for index, step_output in enumerate(unlaid[len(loop_map.states):]):
+        if step_output in layouts.outputs:
+            sequence, sequences[index] = sequences[index], fresh(sequences[index])
+            after.append(helper.make_node("Transpose", [sequences[index]], [sequence], name=fresh("layout_out"),
+                                          perm=outside(True, layouts.outputs[step_output][1])))
+    return after
 
 
 def _merge_twin_states(loop_map: LoopMap, body: onnx.GraphProto, scope: Scope) -> tuple:

@@ -17,6 +17,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from .constants import Constants
 from .folding import evaluate
 from .graph_index import TypeTable, fresh, reads, subgraphs
 
@@ -24,13 +25,11 @@ from .graph_index import TypeTable, fresh, reads, subgraphs
 _CONV_ATTRIBUTES = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
 
 
-def fuse_siblings(body: list, value: Callable[[str], Optional[np.ndarray]], const: Callable[[np.ndarray, str], str],
-                  types: TypeTable, opset: int, keep: Callable[[str], bool]) -> tuple:
+def fuse_siblings(body: list, constants: Constants, types: TypeTable, opset: int, keep: Callable[[str], bool]) -> tuple:
     """``body`` (a step's nodes, in order) with each group of sibling products made one node and a Split, at
     the first sibling's place: (the nodes, how many siblings were merged away). First, a constant added to
     each channel of a Conv's output alone (tf2onnx writes Keras's bias so) is the Conv's own bias."""
-    constants = _Constants(_folding(body, value, opset), const)
-    value, const = constants.value, constants.const
+    value, const = _folding(body, constants.value, opset), constants.const
     body = _biased(once(body, value, keep), value, const, keep)
     groups: dict = {}
     for position, node in enumerate(body):
@@ -52,21 +51,6 @@ def fuse_siblings(body: list, value: Callable[[str], Optional[np.ndarray]], cons
     for position, node in enumerate(body):
         nodes.extend(replaced.get(position, [node]))
     return nodes, merged
-
-
-class _Constants:
-    """The values of the step's constants (``known``), and those made here (``make``: a new one's name)."""
-
-    def __init__(self, known: Callable, make: Callable):
-        self._known, self._make, self._made = known, make, {}
-
-    def value(self, name: str) -> Optional[np.ndarray]:
-        return self._made[name] if name in self._made else self._known(name)
-
-    def const(self, array: np.ndarray, base: str) -> str:
-        name = self._make(array, base)
-        self._made[name] = array
-        return name
 
 
 def once(body: list, value: Callable, keep: Callable[[str], bool]) -> list:

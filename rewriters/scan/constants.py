@@ -1,0 +1,57 @@
+"""The constants one Scan rewrite sees and makes, in one place.
+
+A rewrite reads constants (the scope's initializers and Constant nodes, and the loop body's own
+initializers it moves outside) and makes new ones: hoisting's rules, the regrouped products' blocks, the
+merged siblings' weights, folded nodes' values, the layout trials' axes. Each is readable back as soon as
+it is made, typed where it is made under a fresh name, and listed in the order made; :meth:`unread`
+says which no node reads (a layout trial that lost), so they are never written.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Optional
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from .graph_index import Scope, TypeTable, fresh, reads
+
+
+class Constants:
+    """``scope``'s constants, then ``tensors`` (the rewrite's initializers, appended to as constants are
+    made: the list the Scan's graph is given)."""
+
+    def __init__(self, scope: Scope, types: TypeTable, tensors: list):
+        self.scope = scope
+        self.types = types
+        self.tensors = tensors
+        self._values = {tensor.name: tensor for tensor in tensors}
+
+    def value(self, name: str) -> Optional[np.ndarray]:
+        """The value of a constant (None: not a constant here)."""
+        tensor = self._values.get(name)
+        return numpy_helper.to_array(tensor) if tensor is not None else self.scope.constant(name)
+
+    def const(self, array: np.ndarray, base: str) -> str:
+        """A new constant of ``array`` under a fresh name from ``base``, typed."""
+        tensor = numpy_helper.from_array(np.asarray(array), fresh(base))
+        self._add(tensor)
+        self.types.types[tensor.name] = helper.make_tensor_type_proto(tensor.data_type, list(tensor.dims))
+        return tensor.name
+
+    def named(self, name: str, array: np.ndarray) -> None:
+        """``array`` as the value of ``name``, a node's output folded (its type is the node's)."""
+        self._add(numpy_helper.from_array(array, name))
+
+    def _add(self, tensor: onnx.TensorProto) -> None:
+        self.tensors.append(tensor)
+        self._values[tensor.name] = tensor
+
+    def drop_unread(self, nodes: Iterable[onnx.NodeProto], also: Iterable[str] = ()) -> None:
+        """Forget the constants made here that none of ``nodes`` (their subgraphs included) reads and that
+        are not among ``also``."""
+        read = {name for node in nodes for name in reads(node)} | set(also)
+        kept = [tensor for tensor in self.tensors if tensor.name in read]
+        del self.tensors[:]
+        self.tensors.extend(kept)
+        self._values = {tensor.name: tensor for tensor in kept}
