@@ -220,23 +220,50 @@ def _inputs(name: str) -> np.ndarray:
 
 
 def converted(flavor: str, name: str, target: str):
-    """(the Keras model's output, the target's model or the ConversionError), once per process."""
+    """(the input, the Keras model's outputs, the target's model or the ConversionError), once per process;
+    where ``TF2ONNX_RNN_SHARED_MODELS`` names a folder, once per folder: CI's runtimes slice runs the models
+    its main suite converted."""
     key = (flavor, name, target)
     if key not in _CONVERTED:
-        import tensorflow as tf
-
-        model = _model(parity.keras_module(flavor), name, 11 + MODELS.index(name))
-        x = _inputs(name)
-        if target in BY_KEY and BY_KEY[target].batch_one:  # ncnn: one row at a time, the pre-padded masked one
-            x = x[2:3]
-        want = [np.asarray(o) for o in tf.nest.flatten(model(x, training=False))]
-        try:
-            proto = convert_keras(model, input_signature=[tf.TensorSpec(x.shape, tf.float32, name="x")],
-                                  target=target)
-        except ConversionError as error:
-            proto = error
-        _CONVERTED[key] = (x, want, proto)
+        _CONVERTED[key] = _shared(key) or _converted(*key)
     return _CONVERTED[key]
+
+
+def _converted(flavor: str, name: str, target: str):
+    import tensorflow as tf
+
+    model = _model(parity.keras_module(flavor), name, 11 + MODELS.index(name))
+    x = _inputs(name)
+    if target in BY_KEY and BY_KEY[target].batch_one:  # ncnn: one row at a time, the pre-padded masked one
+        x = x[2:3]
+    want = [np.asarray(o) for o in tf.nest.flatten(model(x, training=False))]
+    try:
+        proto = convert_keras(model, input_signature=[tf.TensorSpec(x.shape, tf.float32, name="x")],
+                              target=target)
+    except ConversionError as error:
+        proto = error
+    folder = os.environ.get("TF2ONNX_RNN_SHARED_MODELS")
+    if folder:
+        os.makedirs(folder, exist_ok=True)
+        stem = os.path.join(folder, "-".join((flavor, name, target)))
+        arrays = {"x": x, **{f"want{k}": w for k, w in enumerate(want)}}
+        arrays["refused"] = np.array(str(proto) if isinstance(proto, ConversionError) else "")
+        if not isinstance(proto, ConversionError):
+            onnx.save(proto, stem + ".onnx")
+        np.savez(stem + ".partial.npz", **arrays)
+        os.replace(stem + ".partial.npz", stem + ".npz")  # the model's file first, then its arrays: whole or absent
+    return x, want, proto
+
+
+def _shared(key: tuple):
+    folder = os.environ.get("TF2ONNX_RNN_SHARED_MODELS")
+    stem = os.path.join(folder, "-".join(key)) if folder else ""
+    if not folder or not os.path.exists(stem + ".npz"):
+        return None
+    stored = np.load(stem + ".npz")
+    want = [stored[f"want{k}"] for k in range(len(stored.files) - 2)]
+    refused = str(stored["refused"])
+    return stored["x"], want, ConversionError(refused) if refused else onnx.load(stem + ".onnx")
 
 
 # what a target refuses, each with the measured reason the refusal names (docs/downstream.md)
