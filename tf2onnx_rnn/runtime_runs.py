@@ -98,7 +98,8 @@ def prepare_ncnn(path: str, feeds: dict, work: str):
     local = os.path.join(work, "model.onnx")
     with open(path, "rb") as source, open(local, "wb") as copy:
         copy.write(source.read())
-    shapes = ",".join("[" + ",".join(str(d) for d in feeds[n].shape) + "]" for n in names)
+    # one batch row at a time (ncnn's blobs have no batch axis): pnnx is given a row's shape
+    shapes = ",".join("[" + ",".join(str(d) for d in (1,) + feeds[n].shape[1:]) + "]" for n in names)
     _check_call(["pnnx", local, f"inputshape={shapes}", "fp16=0"], cwd=work)
     param, weights = os.path.join(work, "model.ncnn.param"), os.path.join(work, "model.ncnn.bin")
     blobs_in, blobs_out = _ncnn_blobs(param)
