@@ -3,8 +3,8 @@
 A rewrite reads constants (the scope's initializers and Constant nodes, and the loop body's own
 initializers it moves outside) and makes new ones: hoisting's rules, the regrouped products' blocks, the
 merged siblings' weights, folded nodes' values, the layout trials' axes. Each is readable back as soon as
-it is made, typed where it is made under a fresh name, and listed in the order made; :meth:`unread`
-says which no node reads (a layout trial that lost), so they are never written.
+it is made, typed where it is made under a fresh name, and listed in the order made; :meth:`Constants.drop_unread`
+forgets those no node reads (a layout trial that lost), so they are never written.
 """
 from __future__ import annotations
 
@@ -47,10 +47,9 @@ class Constants:
         self.tensors.append(tensor)
         self._values[tensor.name] = tensor
 
-    def drop_unread(self, nodes: Iterable[onnx.NodeProto], also: Iterable[str] = ()) -> None:
-        """Forget the constants made here that none of ``nodes`` (their subgraphs included) reads and that
-        are not among ``also``."""
-        read = {name for node in nodes for name in reads(node)} | set(also)
+    def drop_unread(self, nodes: Iterable[onnx.NodeProto]) -> None:
+        """Forget the constants here that none of ``nodes`` (their subgraphs included) reads."""
+        read = {name for node in nodes for name in reads(node)}
         kept = [tensor for tensor in self.tensors if tensor.name in read]
         del self.tensors[:]
         self.tensors.extend(kept)
