@@ -103,3 +103,53 @@ def test_the_child_leaves_a_model_that_loads_as_it_is():
     refused = onnx.ModelProto.FromString(before)
     refused.graph.node[0].op_type = "NoSuchOp"
     check_survives(refused, [])
+
+
+def _relu_model():
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["B", 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_one_child_checks_one_model_after_another_and_a_crashed_one_is_replaced(crashing_graph, monkeypatch):
+    """The child stays for the next check of the process; one that a model crashed is replaced by a new
+    one, which checks the next model as before."""
+    from tf2onnx_rnn import convert_graph_def, isolation
+    from tf2onnx_rnn.rewriters.emit import half_matmuls
+
+    feeds = [{"x": np.ones((2, 3), np.float32)}]
+    isolation.check_survives(_relu_model(), feeds)
+    first = isolation._child.process
+    isolation.check_survives(_relu_model(), feeds)
+    assert isolation._child.process is first and first.poll() is None
+    if not _onnxruntime_crashes():
+        pytest.skip("this onnxruntime loads the crashing shape")
+    monkeypatch.setattr(half_matmuls, "swap_half_matmuls", lambda model: 0)
+    with pytest.raises(isolation.RuntimeCrashed):
+        convert_graph_def(crashing_graph, ["x:0"], ["y:0"])
+    assert first.poll() is not None and first.returncode < 0, first.returncode  # it ended by a signal
+    isolation.check_survives(_relu_model(), feeds)
+    assert isolation._child.process is not first and isolation._child.process.poll() is None
+
+
+def test_a_forked_process_checks_in_a_child_of_its_own(monkeypatch):
+    """A process forked after its parent's child started (seen as another pid) does not write to that child
+    (two writers would mix their requests) nor close it: it starts one of its own."""
+    from tf2onnx_rnn import isolation
+
+    feeds = [{"x": np.ones((2, 3), np.float32)}]
+    isolation.check_survives(_relu_model(), feeds)
+    parents = isolation._child
+    monkeypatch.setattr(isolation.os, "getpid", lambda: parents.owner + 1)
+    isolation.check_survives(_relu_model(), feeds)
+    assert isolation._child is not parents and isolation._child.owner == parents.owner + 1
+    assert parents.process.poll() is None  # the parent's child is left to the parent
+    isolation._child.close()
+    assert isolation._child.process.poll() is not None
+    monkeypatch.undo()
+    isolation._child = parents

@@ -5,21 +5,31 @@ shape check and verification run it. onnxruntime has ended the whole process (a 
 an abort: nothing to catch) while creating a session on graphs a converter wrote (a float16 ``MatMul``
 of a time-major swap, measured on 1.23-1.32) and while running an LSTM node on a batch of no rows; a
 crash there takes a notebook's kernel or a server's process with it, with no report and no file. So once
-per conversion, before any of those checks, a child process (a fresh interpreter importing onnxruntime
-and numpy only, about 0.15 s) creates the session with the same options and runs it on the checks' own
-rounds of inputs. If the child ends by a signal, the conversion raises :class:`RuntimeCrashed` naming the
-runtime, the signal, the stage and the model's recurrent rows, and nothing is written; the command line
-exits 3. Otherwise the checks run in the caller's process as before: the same session options and inputs,
-which the child survived. An error onnxruntime raises (a model it refuses) is not a crash: the caller's
-own checks report it as they always did.
+per conversion, before any of those checks, a child process (an interpreter importing onnxruntime and
+numpy only) creates the session with the same options and runs it on the checks' own rounds of inputs.
+If the child ends by a signal, the conversion raises :class:`RuntimeCrashed` naming the runtime, the
+signal, the stage and the model's recurrent rows, and nothing is written; the command line exits 3.
+Otherwise the checks run in the caller's process as before: the same session options and inputs, which
+the child survived. An error onnxruntime raises (a model it refuses) is not a crash: the caller's own
+checks report it as they always did.
+
+The child stays for the next conversion of the same process (starting an interpreter and importing
+onnxruntime costs more than most checks: about 0.15-0.5 s each time): it takes one model at a time from
+its standard input and keeps nothing of one model for the next (each session is dropped before it answers).
+A child that crashed, timed out or exited is replaced by a new one at the next check; a forked process
+starts its own; the child ends when its caller does (its input closes).
 """
 from __future__ import annotations
 
+import json
 import os
+import select
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from typing import Optional, Sequence
 
 import numpy as np
@@ -27,38 +37,95 @@ import onnx
 
 from .errors import ConversionError
 
-# run in the child: the session (the options of probes.session), then each round's feeds
+# run in the child, once per request line (a JSON list: the model's path, the feeds' path): the session (the
+# options of probes.session), then each round's feeds; "session" when it loaded, "done" when it ran them all
 _CHILD = r"""
+import json
 import sys
 import numpy as np
 import onnxruntime as ort
 
-options = ort.SessionOptions()
-options.log_severity_level = 3
-try:
-    session = ort.InferenceSession(sys.argv[1], options, providers=["CPUExecutionProvider"])
-except Exception:
-    sys.exit(0)
-print("session", flush=True)
-with np.load(sys.argv[2]) as data:
-    rounds = {}
-    for key in data.files:
-        number, name = key.split("/", 1)
-        rounds.setdefault(int(number), {})[name] = data[key]
-for number in sorted(rounds):
+def check(path, feeds):
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
     try:
-        session.run(None, rounds[number])
+        session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
     except Exception:
-        pass
-print("runs", flush=True)
+        return
+    print("session", flush=True)
+    with np.load(feeds) as data:
+        rounds = {}
+        for key in data.files:
+            number, name = key.split("/", 1)
+            rounds.setdefault(int(number), {})[name] = data[key]
+    for number in sorted(rounds):
+        try:
+            session.run(None, rounds[number])
+        except Exception:
+            pass
+
+for line in sys.stdin:
+    check(*json.loads(line))
+    print("done", flush=True)
 """
-TIMEOUT = 1800  # seconds: a child still loading after this is left to the caller's own checks
+TIMEOUT = 1800  # seconds: a child still checking after this is stopped and left to the caller's own checks
 
 
 class RuntimeCrashed(ConversionError):
     """onnxruntime ended its process on the converted model (in a child process: the caller goes on)."""
 
     exit_code = 3  # the command line's status for it (its internal error's): not bad input, not a failed check
+
+
+class _Child:
+    """The checking interpreter of this process: one request at a time."""
+
+    def __init__(self):
+        self.process = subprocess.Popen([sys.executable, "-c", _CHILD], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0)
+        self.owner = os.getpid()
+
+    def check(self, path: str, feeds: str) -> Optional[tuple]:
+        """None when the child answered; else (its exit status or None when it timed out, whether the session
+        was created). Its answer is read from the pipe itself, unbuffered: a line read ahead into a buffer
+        would leave the pipe empty while the answer waits."""
+        try:
+            self.process.stdin.write(json.dumps([path, feeds]).encode() + b"\n")
+            self.process.stdin.flush()
+        except OSError:  # it had ended before this request
+            return self.process.wait(), False
+        answer, deadline, out = b"", time.monotonic() + TIMEOUT, self.process.stdout.fileno()
+        while b"done\n" not in answer:
+            if not select.select([out], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                self.process.kill()
+                self.process.wait()
+                return None, b"session\n" in answer
+            chunk = os.read(out, 4096)
+            if not chunk:  # it ended on this model
+                return self.process.wait(), b"session\n" in answer
+            answer += chunk
+        return None
+
+    def close(self) -> None:
+        if self.owner == os.getpid() and self.process.poll() is None:
+            self.process.stdin.close()
+            self.process.wait()
+
+
+_child: Optional[_Child] = None
+_lock = threading.Lock()
+
+
+def _survived(path: str, feeds: str) -> Optional[tuple]:
+    """Check in this process's child (started, or replaced, as needed): None, or how the child ended."""
+    global _child
+    with _lock:
+        if _child is None or _child.owner != os.getpid() or _child.process.poll() is not None:
+            _child = _Child()
+        ended = _child.check(path, feeds)
+        if ended is not None:
+            _child = None
+        return ended
 
 
 def check_survives(model_proto: onnx.ModelProto, rounds: Sequence[dict], rows: Sequence = (),
@@ -75,14 +142,10 @@ def check_survives(model_proto: onnx.ModelProto, rounds: Sequence[dict], rows: S
         feeds = os.path.join(folder, "feeds.npz")
         np.savez(feeds, **{f"{number}/{name}": np.asarray(value) for number, feed in enumerate(rounds)
                            for name, value in feed.items()})
-        try:
-            done = subprocess.run([sys.executable, "-c", _CHILD, path, feeds], capture_output=True, text=True,
-                                  timeout=TIMEOUT)
-        except subprocess.TimeoutExpired:
-            return
-    if done.returncode >= 0:
+        ended = _survived(os.path.abspath(path), os.path.abspath(feeds))
+    if ended is None or ended[0] is None or ended[0] >= 0:  # it answered, timed out, or exited of itself
         return
-    raise RuntimeCrashed(crash_message(-done.returncode, "session" in done.stdout, rows))
+    raise RuntimeCrashed(crash_message(-ended[0], ended[1], rows))
 
 
 def crash_message(number: int, loaded: bool, rows: Sequence = ()) -> str:
