@@ -32,14 +32,18 @@ def pytest_report_header(config):
     return f"Keras flavors: {', '.join(parity.FLAVORS)}{narrowed}"
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Tests of one module given the same parameters run in one xdist worker (``--dist loadgroup``,
     pyproject.toml): they share the conversion cached per process (``parity.converted``), which two
-    workers would each make."""
+    workers would each make. First among the hooks: xdist's reads the groups to name each test's
+    (its node id gets ``@<group>``); run after it, the marks were ignored."""
     for item in items:
         callspec = getattr(item, "callspec", None)
         if callspec is not None:
-            item.add_marker(pytest.mark.xdist_group(f"{item.module.__name__}[{callspec.id}]"))
+            # no "]" in the name: xdist takes what follows the last "@" for the group only when no "]" does
+            group = f"{item.module.__name__}:{callspec.id}".replace("[", "(").replace("]", ")")
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(autouse=True)
