@@ -88,15 +88,10 @@ def test_the_child_leaves_a_model_that_loads_as_it_is():
     """The check of a model that loads returns and raises nothing; one that onnxruntime refuses (an
     error, not a crash) is left to the caller's own checks."""
     import onnx
-    from onnx import TensorProto, helper
 
     from tf2onnx_rnn.isolation import check_survives
 
-    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", 3])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["B", 3])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
+    model = _relu_model()
     before = model.SerializeToString()
     check_survives(model, [{"x": np.ones((2, 3), np.float32)}])
     assert model.SerializeToString() == before
