@@ -144,7 +144,7 @@ def test_a_forked_process_checks_in_a_child_of_its_own(monkeypatch):
     isolation.check_survives(_relu_model(), feeds)
     assert isolation._child is not parents and isolation._child.owner == parents.owner + 1
     assert parents.process.poll() is None  # the parent's child is left to the parent
-    isolation._child.close()
-    assert isolation._child.process.poll() is not None
+    isolation._child.process.stdin.close()  # its input closed, as when its caller ends: it ends
+    assert isolation._child.process.wait(timeout=60) == 0
     monkeypatch.undo()
     isolation._child = parents

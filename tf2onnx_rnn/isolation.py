@@ -86,46 +86,41 @@ class _Child:
         self.owner = os.getpid()
 
     def check(self, path: str, feeds: str) -> Optional[tuple]:
-        """None when the child answered; else (its exit status or None when it timed out, whether the session
-        was created). Its answer is read from the pipe itself, unbuffered: a line read ahead into a buffer
+        """(the signal, whether the session was created) when the child ended by a signal on this model;
+        else None (it answered, exited of itself, or timed out and was stopped: an ended child is replaced at
+        the next check). Its answer is read from the pipe itself, unbuffered: a line read ahead into a buffer
         would leave the pipe empty while the answer waits."""
         try:
             self.process.stdin.write(json.dumps([path, feeds]).encode() + b"\n")
             self.process.stdin.flush()
         except OSError:  # it had ended before this request
-            return self.process.wait(), False
+            return None
         answer, deadline, out = b"", time.monotonic() + TIMEOUT, self.process.stdout.fileno()
         while b"done\n" not in answer:
             if not select.select([out], [], [], max(0.0, deadline - time.monotonic()))[0]:
                 self.process.kill()
                 self.process.wait()
-                return None, b"session\n" in answer
+                return None
             chunk = os.read(out, 4096)
             if not chunk:  # it ended on this model
-                return self.process.wait(), b"session\n" in answer
+                status = self.process.wait()
+                return (-status, b"session\n" in answer) if status < 0 else None
             answer += chunk
         return None
-
-    def close(self) -> None:
-        if self.owner == os.getpid() and self.process.poll() is None:
-            self.process.stdin.close()
-            self.process.wait()
 
 
 _child: Optional[_Child] = None
 _lock = threading.Lock()
 
 
-def _survived(path: str, feeds: str) -> Optional[tuple]:
-    """Check in this process's child (started, or replaced, as needed): None, or how the child ended."""
+def _crashed(path: str, feeds: str) -> Optional[tuple]:
+    """Check in this process's child (started, or replaced when it ended or belongs to the process this one
+    was forked from): (the signal, whether the session was created) when it crashed, else None."""
     global _child
     with _lock:
         if _child is None or _child.owner != os.getpid() or _child.process.poll() is not None:
             _child = _Child()
-        ended = _child.check(path, feeds)
-        if ended is not None:
-            _child = None
-        return ended
+        return _child.check(path, feeds)
 
 
 def check_survives(model_proto: onnx.ModelProto, rounds: Sequence[dict], rows: Sequence = (),
@@ -142,10 +137,9 @@ def check_survives(model_proto: onnx.ModelProto, rounds: Sequence[dict], rows: S
         feeds = os.path.join(folder, "feeds.npz")
         np.savez(feeds, **{f"{number}/{name}": np.asarray(value) for number, feed in enumerate(rounds)
                            for name, value in feed.items()})
-        ended = _survived(os.path.abspath(path), os.path.abspath(feeds))
-    if ended is None or ended[0] is None or ended[0] >= 0:  # it answered, timed out, or exited of itself
-        return
-    raise RuntimeCrashed(crash_message(-ended[0], ended[1], rows))
+        crashed = _crashed(os.path.abspath(path), os.path.abspath(feeds))
+    if crashed is not None:
+        raise RuntimeCrashed(crash_message(*crashed, rows))
 
 
 def crash_message(number: int, loaded: bool, rows: Sequence = ()) -> str:
