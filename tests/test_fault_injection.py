@@ -363,11 +363,16 @@ def batches(which: str = "main") -> list:
 
 @pytest.fixture(scope="module", autouse=True)
 def _frozen_once():
-    """Trace and freeze each model once: ``convert_keras`` gets a copy of the frozen graph each time
-    and runs everything after freezing (the rewriters among it) as usual."""
+    """Trace and freeze each model once, and let tf2onnx read each frozen graph into its own graphs once:
+    ``convert_keras`` gets a copy of the frozen graph each time, and tf2onnx a deep copy of the graphs it
+    read from it (``graphs_from_tf``, which runs none of this package's code: measured with
+    ``sys.setprofile``); everything after that (the rewriters among it) runs as usual."""
+    from tf2onnx import tfonnx
+
     from tf2onnx_rnn.sources import keras_model
 
     original, frozen = keras_model.freeze_keras, {}
+    original_read, read = tfonnx.graphs_from_tf, {}
 
     def once(model, *args, **kwargs):
         key = (id(model), repr(args), repr(sorted(kwargs.items())))
@@ -376,9 +381,15 @@ def _frozen_once():
         source = frozen[key][1]
         return dataclasses.replace(source, graph_def=copy.deepcopy(source.graph_def))
 
-    keras_model.freeze_keras = once
+    def read_once(tf_graph, *args, **kwargs):
+        key = (tf_graph.as_graph_def().SerializeToString(deterministic=True), repr(args), repr(sorted(kwargs.items())))
+        if key not in read:
+            read[key] = original_read(tf_graph, *args, **kwargs)
+        return copy.deepcopy(read[key])
+
+    keras_model.freeze_keras, tfonnx.graphs_from_tf = once, read_once
     yield
-    keras_model.freeze_keras = original
+    keras_model.freeze_keras, tfonnx.graphs_from_tf = original, original_read
 
 
 _MODELS: dict = {}
