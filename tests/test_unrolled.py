@@ -1,11 +1,15 @@
 """``unroll=True`` layers: the chain of cell steps Keras writes into the graph becomes the one native
 node a rolled layer gets, exact.
 
-One model per Keras flavor and cell kind holds every form side by side on one input (so one
-conversion serves them all): return_sequences or the last output, go_backwards, Bidirectional,
-a Masking layer (a batch of full, post-padded, pre-padded, holed and empty rows), return_state
-with initial states given as model inputs, and the generic ``RNN(cell, unroll=True)``. Every
-weight is random, biases included. For each model:
+One model per Keras flavor, cell kind and length holds its forms side by side on one input (so one
+conversion serves them all). The four kinds at 5 steps and LSTM and GRU at 2 hold every form:
+return_sequences or the last output, go_backwards, Bidirectional, a Masking layer (a batch of full,
+post-padded, pre-padded, holed and empty rows), return_state with initial states given as model inputs,
+and the generic ``RNN(cell, unroll=True)``. The hard_sigmoid models hold the forms that activation
+changes (``ACTIVATION_FORMS``: the last output, a sequence, the product of both halves' last steps, a
+masked sequence, a masked Bidirectional's last outputs, given states), and the other mask forms
+convert the masked forms alone (``MASKED_FORMS``: the unmasked layers are the same in every mask
+form). Every weight is random, biases included. For each model:
 - onnxruntime gives ``model(x, training=False)`` within 1e-5, every output;
 - every pass of every layer has a report row that names its native node and says it was
   unrolled over the model's steps, and the graph keeps no MatMul (no step of any cell is left)
@@ -21,6 +25,7 @@ weight is random, biases included. For each model:
 """
 from __future__ import annotations
 
+import functools
 import zlib
 from dataclasses import dataclass
 
@@ -64,41 +69,62 @@ class Variant:
 VARIANTS = (Variant("LSTM"), Variant("GRU"), Variant("GRU", (("reset_after", False),)), Variant("SimpleRNN"))
 
 
-def branches(K, variant: Variant, x, masked, initial):
-    """Every form of the variant's layer on ``x`` (or the masked ``x``): (outputs, native passes)."""
-    outputs, passes = [], 0
+FORMS = ("seq", "last_backward", "seq_backward", "bi", "bi_mul", "masked_seq", "masked_last_backward",
+         "masked_seq_backward", "masked_bi", "masked_bi_last", "states", "generic")
+# what hard_sigmoid changes (its "+ 3" folded into the step's sum, into the last step's otherwise; its "/ 6" the
+# step's last product): the last output, a sequence, the product of both halves' last steps, a masked sequence,
+# a masked Bidirectional's last outputs and given states
+ACTIVATION_FORMS = ("seq", "last_backward", "bi_mul", "masked_seq_backward", "masked_bi_last", "states")
+# what a mask form changes: the masked layers only (the unmasked ones are the same in every form)
+MASKED_FORMS = ("masked_seq", "masked_last_backward", "masked_seq_backward", "masked_bi", "masked_bi_last", "states",
+                "generic")
+BIDIRECTIONAL = {"bi": 2, "bi_mul": 2, "masked_bi": 2, "masked_bi_last": 2}  # passes per form: the others one
 
-    def add(result, directions=1):
-        nonlocal passes
+
+def branches(K, variant: Variant, x, masked, initial, forms=FORMS) -> list:
+    """The variant's layer in each of ``forms`` on ``x`` (or the masked ``x``): their outputs."""
+    L, scope = K.layers, variant.scope
+    make = {
+        "seq": lambda: variant.layer(K, "seq", return_sequences=True)(x),
+        "last_backward": lambda: variant.layer(K, "last_backward", go_backwards=True)(x),
+        "seq_backward": lambda: variant.layer(K, "seq_backward", return_sequences=True, go_backwards=True)(x),
+        "bi": lambda: L.Bidirectional(variant.layer(K, "bidi", return_sequences=True), name=f"{scope}_bi")(x),
+        # the last outputs multiplied: the product of both halves' last steps is no step of either (each half
+        # reads the other's steps, so a last step folded by TensorFlow must be read apart from the product)
+        "bi_mul": lambda: L.Bidirectional(variant.layer(K, "bidi_mul"), merge_mode="mul", name=f"{scope}_bi_mul")(x),
+        "masked_seq": lambda: variant.layer(K, "masked_seq", return_sequences=True)(masked),
+        "masked_last_backward": lambda: variant.layer(K, "masked_last_backward", go_backwards=True)(masked),
+        "masked_seq_backward": lambda: variant.layer(K, "masked_seq_backward", return_sequences=True,
+                                                     go_backwards=True)(masked),
+        "masked_bi": lambda: L.Bidirectional(variant.layer(K, "masked_bidi", return_sequences=True),
+                                             name=f"{scope}_masked_bi")(masked),
+        "masked_bi_last": lambda: L.Bidirectional(variant.layer(K, "masked_bidi_last"),
+                                                  name=f"{scope}_masked_bi_last")(masked),
+        "states": lambda: variant.layer(K, "states", return_sequences=True, return_state=True)(
+            masked, initial_state=initial),
+        "generic": lambda: variant.generic(K, "generic", return_sequences=True)(masked),
+    }
+    outputs = []
+    for form in forms:
+        result = make[form]()
         outputs.extend(result if isinstance(result, (list, tuple)) else [result])
-        passes += directions
+    return outputs
 
-    add(variant.layer(K, "seq", return_sequences=True)(x))
-    add(variant.layer(K, "last_backward", go_backwards=True)(x))
-    add(variant.layer(K, "seq_backward", return_sequences=True, go_backwards=True)(x))
-    add(K.layers.Bidirectional(variant.layer(K, "bidi", return_sequences=True), name=f"{variant.scope}_bi")(x), 2)
-    # the last outputs multiplied: the product of both halves' last steps is no step of either (each half reads
-    # the other's steps, so a last step folded by TensorFlow must be read apart from the product)
-    add(K.layers.Bidirectional(variant.layer(K, "bidi_mul"), merge_mode="mul", name=f"{variant.scope}_bi_mul")(x), 2)
-    add(variant.layer(K, "masked_seq", return_sequences=True)(masked))
-    add(variant.layer(K, "masked_last_backward", go_backwards=True)(masked))
-    add(variant.layer(K, "masked_seq_backward", return_sequences=True, go_backwards=True)(masked))
-    add(K.layers.Bidirectional(variant.layer(K, "masked_bidi", return_sequences=True),
-                               name=f"{variant.scope}_masked_bi")(masked), 2)
-    add(K.layers.Bidirectional(variant.layer(K, "masked_bidi_last"), name=f"{variant.scope}_masked_bi_last")(masked), 2)
-    add(variant.layer(K, "states", return_sequences=True, return_state=True)(masked, initial_state=initial))
-    add(variant.generic(K, "generic", return_sequences=True)(masked))
-    return outputs, passes
+
+def passes_in(forms) -> int:
+    """Native passes of the layers in ``forms``: two per Bidirectional."""
+    return sum(BIDIRECTIONAL.get(form, 1) for form in forms)
 
 
 @dataclass(frozen=True)
 class Case:
     variant: Variant
     time: int
+    forms: tuple = FORMS
 
     @property
     def id(self) -> str:
-        return f"{self.variant.id}-T{self.time}"
+        return f"{self.variant.id}-T{self.time}" + ("-masked" if self.forms == MASKED_FORMS else "")
 
 
 def build(flavor: str, case: Case):
@@ -107,17 +133,10 @@ def build(flavor: str, case: Case):
     states = helpers.STATE_NAMES[case.variant.kind]
     initial = [K.Input((UNITS,), name=f"init_{s}") for s in states]
     masked = K.layers.Masking(0.0, name="masking")(x)
-    outputs, _ = branches(K, case.variant, x, masked, initial)
+    outputs = branches(K, case.variant, x, masked, initial, case.forms)
     model = K.Model([x] + initial, outputs, name="unrolled")
     parity.randomize_weights(model, zlib.crc32(f"{flavor}/{case.id}".encode()))
     return model
-
-
-def passes_of(flavor: str, case: Case) -> int:
-    K = parity.keras_module(flavor)
-    x = K.Input((case.time, FEATURES))
-    initial = [K.Input((UNITS,)) for _ in helpers.STATE_NAMES[case.variant.kind]]
-    return branches(K, case.variant, x, K.layers.Masking(0.0)(x), initial)[1]
 
 
 def batch(case: Case, seed: int) -> list:
@@ -139,7 +158,7 @@ HARD_SIGMOID = (Variant("SimpleRNN", (("activation", "hard_sigmoid"),)),
                 Variant("LSTM", (("activation", "hard_sigmoid"),)),
                 Variant("GRU", (("recurrent_activation", "hard_sigmoid"), ("activation", "hard_sigmoid"))))
 CASES = ([Case(variant, 5) for variant in VARIANTS] + [Case(Variant("LSTM"), 2), Case(Variant("GRU"), 2)]
-         + [Case(variant, time) for variant in HARD_SIGMOID for time in (2, 3, 5)])
+         + [Case(variant, time, ACTIVATION_FORMS) for variant in HARD_SIGMOID for time in (2, 3, 5)])
 PARAMS = [pytest.param(flavor, case, id=f"{case.id}-{flavor}") for case in CASES for flavor in parity.FLAVORS]
 
 
@@ -166,7 +185,7 @@ def test_every_pass_is_one_native_node_and_no_step_is_left(flavor, case):
     entry = converted(flavor, case)
     rows = report_of(entry.proto).outcomes
     table = parity.report_table(entry.proto)
-    assert len(rows) == passes_of(flavor, case), table
+    assert len(rows) == passes_in(case.forms), table
     op = helpers.ONNX_OP[case.variant.kind]
     nodes = {n.name: n for n in helpers.all_nodes(entry.proto)}
     for row in rows:
@@ -179,7 +198,7 @@ def test_every_pass_is_one_native_node_and_no_step_is_left(flavor, case):
     for row in rows:
         by_layer.setdefault(row.layer, []).append(row)
     bidirectional = [layer for layer in by_layer if layer.endswith(("_bi", "_bi_last"))]
-    assert len(bidirectional) == 3, table
+    assert len(bidirectional) == len({"bi", "masked_bi", "masked_bi_last"} & set(case.forms)), table
     for layer in bidirectional:  # one bidirectional node, as the rolled layer
         pair = by_layer[layer]
         assert len(pair) == 2 and pair[0].node == pair[1].node, table
@@ -301,10 +320,16 @@ def test_an_unrolled_stack_of_cells_stays_as_its_ops_with_the_reason(flavor):
     np.testing.assert_allclose(actual, parity.keras_outputs(model, arrays)[0], rtol=0, atol=TOLERANCE)
 
 
-FORMS = {"post-padded": dict(assume_post_padded=True), "portable": dict(target="portable")}
+MASK_FORMS = {"post-padded": dict(assume_post_padded=True), "portable": dict(target="portable")}
 
 
-@pytest.mark.parametrize("form", FORMS)
+@functools.lru_cache(maxsize=None)
+def _built(flavor: str, case: Case):
+    """The case's model, built once per process (each mask form converts it)."""
+    return build(flavor, case)
+
+
+@pytest.mark.parametrize("form", MASK_FORMS)
 @pytest.mark.parametrize("flavor", parity.FLAVORS)
 @pytest.mark.parametrize("variant", VARIANTS, ids=[v.id for v in VARIANTS])
 def test_other_mask_forms_of_unrolled_layers(variant, flavor, form):
@@ -312,9 +337,9 @@ def test_other_mask_forms_of_unrolled_layers(variant, flavor, form):
     and the portable one (any rows) are exact for every masked unrolled form, Bidirectional included."""
     from tf2onnx_rnn import convert_keras, report_of
 
-    case = Case(variant, 5)
-    model = build(flavor, case)
-    proto = convert_keras(model, **FORMS[form])
+    case = Case(variant, 5, MASKED_FORMS)
+    model = _built(flavor, case)
+    proto = convert_keras(model, **MASK_FORMS[form])
     arrays = batch(case, 13)
     if form == "post-padded":
         arrays = [a[[0, 1, 4, 5]] for a in arrays]
@@ -325,6 +350,6 @@ def test_other_mask_forms_of_unrolled_layers(variant, flavor, form):
                                          TOLERANCE)
     assert not problems, "\n".join(problems) + "\n" + parity.report_table(proto)
     rows = report_of(proto).outcomes
-    assert len(rows) == passes_of(flavor, case) and all(r.unrolled == case.time for r in rows), \
+    assert len(rows) == passes_in(case.forms) and all(r.unrolled == case.time for r in rows), \
         parity.report_table(proto)
     assert not any(helpers.op_counts(proto)[o] for o in helpers.LOOP_OPS)
