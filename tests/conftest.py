@@ -8,6 +8,8 @@
   loggers: every test gets them back as they were.
 - Keras 3 (``import keras``) and tf_keras (``import tf_keras``) are both used in one process;
   each test picks its flavor (see ``parity.py``).
+- ``TF2ONNX_RNN_TEST_SAMPLE=N`` runs one in N of each parametrized test's cases, the same ones every
+  run, and every test with no parameters (CI's slice on the oldest stack).
 """
 from __future__ import annotations
 
@@ -25,19 +27,56 @@ if _HERE not in sys.path:
 
 
 def pytest_report_header(config):
-    """Which Keras flavors the parametrized tests run (``TF2ONNX_RNN_TEST_FLAVORS`` narrows them)."""
+    """Which Keras flavors the parametrized tests run (``TF2ONNX_RNN_TEST_FLAVORS`` narrows them), and
+    the sample of their cases (``TF2ONNX_RNN_TEST_SAMPLE``)."""
     import parity
 
     narrowed = " (narrowed by TF2ONNX_RNN_TEST_FLAVORS)" if os.environ.get("TF2ONNX_RNN_TEST_FLAVORS") else ""
-    return f"Keras flavors: {', '.join(parity.FLAVORS)}{narrowed}"
+    every = os.environ.get(SAMPLE, "").strip()
+    sampled = f"; one in {every} of each parametrized test's cases ({SAMPLE})" if every else ""
+    return f"Keras flavors: {', '.join(parity.FLAVORS)}{narrowed}{sampled}"
+
+
+SAMPLE = "TF2ONNX_RNN_TEST_SAMPLE"  # N: one in N of each parametrized test's cases (CI's oldest-stack slice)
+
+
+def _sampled(items: list, every: int) -> tuple:
+    """(kept, dropped): of each test function's parametrized cases, those whose id hashes to 0 modulo
+    ``every`` (the same cases every run, and the same case of every function given it, so tests sharing
+    a conversion stay together), and at least one per function; every test with no parameters."""
+    import zlib
+
+    by_function: dict = {}
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        key = (item.module.__name__, item.originalname) if callspec is not None else item.nodeid
+        by_function.setdefault(key, []).append(item)
+    kept = set()
+    for cases in by_function.values():
+        if getattr(cases[0], "callspec", None) is None:
+            kept.update(map(id, cases))
+            continue
+        chosen = [item for item in cases if zlib.crc32(item.callspec.id.encode()) % every == 0]
+        kept.update(map(id, chosen or [min(cases, key=lambda item: zlib.crc32(item.callspec.id.encode()))]))
+    return [item for item in items if id(item) in kept], [item for item in items if id(item) not in kept]
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Tests of one module given the same parameters run in one xdist worker (``--dist loadgroup``,
+    """With ``TF2ONNX_RNN_TEST_SAMPLE=N`` (CI's slice on the oldest stack), one in N of each parametrized
+    test's cases runs (:func:`_sampled`); the rest are deselected, saying how many.
+
+    Tests of one module given the same parameters run in one xdist worker (``--dist loadgroup``,
     pyproject.toml): they share the conversion cached per process (``parity.converted``), which two
     workers would each make. First among the hooks: xdist's reads the groups to name each test's
     (its node id gets ``@<group>``); run after it, the marks were ignored."""
+    every = os.environ.get(SAMPLE, "").strip()
+    if every:
+        if not every.isdigit() or int(every) < 1:
+            raise pytest.UsageError(f"{SAMPLE}={every}: a whole number of 1 or more")
+        items[:], dropped = _sampled(items, int(every))
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
     for item in items:
         callspec = getattr(item, "callspec", None)
         if callspec is not None:
