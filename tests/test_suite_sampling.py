@@ -3,10 +3,23 @@ with no parameters, the same cases every run, the same case in every test given 
 conversion), and at least one case of every parametrized test."""
 from __future__ import annotations
 
+import importlib.util
+import os
 import types
 import zlib
 
-import conftest
+
+def _suite_conftest():
+    """tests/conftest.py itself (``import conftest`` may give another folder's conftest, which pytest
+    registered under that name first)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "conftest.py")
+    spec = importlib.util.spec_from_file_location("tf2onnx_rnn_suite_conftest", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+conftest = _suite_conftest()
 
 
 def _item(function: str, case=None, module: str = "test_x"):
