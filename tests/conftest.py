@@ -26,6 +26,9 @@ if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 
 
+SAMPLE = "TF2ONNX_RNN_TEST_SAMPLE"  # N: one in N of each parametrized test's cases (CI's oldest-stack slice)
+
+
 def pytest_report_header(config):
     """Which Keras flavors the parametrized tests run (``TF2ONNX_RNN_TEST_FLAVORS`` narrows them), and
     the sample of their cases (``TF2ONNX_RNN_TEST_SAMPLE``)."""
@@ -37,14 +40,14 @@ def pytest_report_header(config):
     return f"Keras flavors: {', '.join(parity.FLAVORS)}{narrowed}{sampled}"
 
 
-SAMPLE = "TF2ONNX_RNN_TEST_SAMPLE"  # N: one in N of each parametrized test's cases (CI's oldest-stack slice)
-
-
 def _sampled(items: list, every: int) -> tuple:
     """(kept, dropped): of each test function's parametrized cases, those whose id hashes to 0 modulo
     ``every`` (the same cases every run, and the same case of every function given it, so tests sharing
     a conversion stay together), and at least one per function; every test with no parameters."""
     import zlib
+
+    def drawn(item) -> int:
+        return zlib.crc32(item.callspec.id.encode())
 
     by_function: dict = {}
     for item in items:
@@ -56,8 +59,8 @@ def _sampled(items: list, every: int) -> tuple:
         if getattr(cases[0], "callspec", None) is None:
             kept.update(map(id, cases))
             continue
-        chosen = [item for item in cases if zlib.crc32(item.callspec.id.encode()) % every == 0]
-        kept.update(map(id, chosen or [min(cases, key=lambda item: zlib.crc32(item.callspec.id.encode()))]))
+        chosen = [item for item in cases if drawn(item) % every == 0]
+        kept.update(map(id, chosen or [min(cases, key=drawn)]))
     return [item for item in items if id(item) in kept], [item for item in items if id(item) not in kept]
 
 
