@@ -112,6 +112,33 @@ def test_a_gpu_machine_makes_keras3_trace_cudnn_and_the_converter_traces_loops()
     assert "CudnnRNNV3" not in ops_of_trace()
 
 
+@pytest.mark.parametrize("flavor", [f for f in parity.FLAVORS if f != "keras3"])
+def test_the_converters_trace_of_tf_keras_registers_no_cudnn_variant(flavor: str):
+    """tf_keras (and Keras 2) traces its loop and registers its cuDNN variant beside it for grappler (a
+    function named ``gpu_lstm_with_fallback``); the converter's trace (tf2onnx_rnn.keras_kernels) calls the
+    same loop and registers no variant, and leaves tf_keras registering as before."""
+    import tensorflow as tf
+
+    from tf2onnx_rnn.keras_kernels import cpu_kernels
+
+    K = parity.keras_module(flavor)
+    x = K.Input((None, 3))
+    model = K.Model(x, K.layers.LSTM(4, return_sequences=True)(x))
+    spec = [tf.TensorSpec([None, None, 3], tf.float32)]
+
+    def functions_of_trace() -> set:
+        function = tf.function(lambda x: model(x, training=False), input_signature=spec)
+        library = function.get_concrete_function().graph.as_graph_def().library
+        return {"gpu" if "gpu_lstm_with_fallback" in f.signature.name else
+                "cpu" if "standard_lstm" in f.signature.name else "other" for f in library.function}
+
+    assert {"cpu", "gpu"} <= functions_of_trace()
+    with cpu_kernels():
+        traced = functions_of_trace()
+    assert "cpu" in traced and "gpu" not in traced, traced
+    assert "gpu" in functions_of_trace()
+
+
 @pytest.mark.parametrize("flavor", parity.FLAVORS)
 def test_convert_keras_on_a_gpu_machine_gives_what_a_cpu_gives(flavor: str):
     from tf2onnx_rnn import convert_keras, report_of
