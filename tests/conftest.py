@@ -112,6 +112,42 @@ def _small_tensorflow_thread_pools():
 
 
 @pytest.fixture(scope="session", autouse=True)
+def _lean_tf_keras_construction():
+    """Building a tf_keras (or Keras 2) model, each layer is called once on placeholders in a throwaway
+    graph, to learn its outputs' shapes (``Layer._infer_output_signature``). There an LSTM or GRU also
+    registers its cuDNN variant and that variant's gradients (``gru_lstm_utils.function_register``), about
+    0.7 s per layer, for a graph nobody runs: the suite builds its models without it. The layers, their
+    weights and every call of a built model (eager, traced, saved: a SavedModel still holds the variant)
+    are as tf_keras makes them."""
+    import importlib
+
+    def lean(infer, utils):
+        def infer_without_registering(self, *args, **kwargs):
+            register = utils.function_register
+            utils.function_register = lambda function, *a, **k: None
+            try:
+                return infer(self, *args, **kwargs)
+            finally:
+                utils.function_register = register
+
+        return infer_without_registering
+
+    patched = []
+    for flavor in ("tf_keras", "keras"):
+        try:
+            utils = importlib.import_module(f"{flavor}.src.layers.rnn.gru_lstm_utils")
+            layer = importlib.import_module(f"{flavor}.src.engine.base_layer").Layer
+        except ImportError:  # not installed, or Keras 3 (it registers nothing)
+            continue
+        infer = layer.__dict__["_infer_output_signature"]
+        layer._infer_output_signature = lean(infer, utils)
+        patched.append((layer, infer))
+    yield
+    for layer, infer in patched:
+        layer._infer_output_signature = infer
+
+
+@pytest.fixture(scope="session", autouse=True)
 def _every_conversion_is_checked_and_runs():
     """Every model the suite converts in-process goes through the full ONNX checker and ONNX
     shape inference (with errors raised), and is loaded and run once in onnxruntime on random
