@@ -37,11 +37,11 @@ SimpleRNN(gelu)`` instead, at opset 17, where each loop is a Scan of its own ste
 fault, a loop left a Loop must be exact and reported as a Loop. The lowering for a runtime target
 (``lower``) runs only for a fixed signature: its targets convert the main model with one, for TVM (each node
 written out as its steps) and for rknn (each masked layer its own step, the mask as floats); a fault there
-is a one-line refusal naming the internal error, or a model still exact. A target the unfaulted conversion never calls
-(traced with ``sys.setprofile``) cannot change it: its test is skipped, saying so (the conversion
-is deterministic, and the unfaulted one is checked by ``test_unfaulted_*``). Conversions here skip
-the output shape check: the batch's rows differ from its steps, so a wrong axis fails the
-comparison with Keras.
+is a one-line refusal naming the internal error, or a model still exact. A target the unfaulted conversion
+never calls (traced with ``sys.monitoring``; ``sys.setprofile`` before Python 3.12) cannot change it: its test
+is skipped, saying so (the conversion is deterministic, and the unfaulted one is checked by
+``test_unfaulted_*``). Conversions here skip the output shape check: the batch's rows differ from its steps,
+so a wrong axis fails the comparison with Keras.
 
 Keras 3 runs every target, tf_keras a deterministic sample of them (every tenth).
 """
@@ -495,8 +495,20 @@ def _unfaulted(flavor: str, target: Optional[Target]) -> tuple:
     key = (flavor, which, tuple(options.items()))
     if key not in _BASELINE:
         model, _ = model_and_expected(flavor, which)
-        codes = set()
+        with code_run() as codes:
+            model_proto = convert(which, model, **options)
+        _BASELINE[key] = (tf2onnx_rnn.report_of(model_proto), codes)
+    return _BASELINE[key]
 
+
+@contextmanager
+def code_run():
+    """The set of code objects (Python functions) run inside the block: from Python 3.12 through
+    ``sys.monitoring``, each function reported at its first start only (about a fifth of the cost of a
+    conversion, where ``sys.setprofile`` sees every call and return and made it several times slower)."""
+    codes: set = set()
+    monitoring = getattr(sys, "monitoring", None)
+    if monitoring is None:
         def record(frame, event, arg):
             if event == "call":
                 codes.add(frame.f_code)
@@ -504,11 +516,26 @@ def _unfaulted(flavor: str, target: Optional[Target]) -> tuple:
         previous = sys.getprofile()
         sys.setprofile(record)
         try:
-            model_proto = convert(which, model, **options)
+            yield codes
         finally:
             sys.setprofile(previous)
-        _BASELINE[key] = (tf2onnx_rnn.report_of(model_proto), codes)
-    return _BASELINE[key]
+        return
+    tool = next(t for t in range(monitoring.PROFILER_ID, 6) if monitoring.get_tool(t) is None)
+
+    def started(code, offset):
+        codes.add(code)
+        return monitoring.DISABLE  # this code's later starts are not reported
+
+    monitoring.use_tool_id(tool, "fault injection: the code a conversion runs")
+    monitoring.register_callback(tool, monitoring.events.PY_START, started)
+    monitoring.set_events(tool, monitoring.events.PY_START)
+    try:
+        yield codes
+    finally:
+        monitoring.set_events(tool, 0)
+        monitoring.register_callback(tool, monitoring.events.PY_START, None)
+        monitoring.restart_events()  # what DISABLE turned off is reported again to the next block
+        monitoring.free_tool_id(tool)
 
 
 def target_code(target: Target):
