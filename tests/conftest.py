@@ -132,12 +132,16 @@ def _lean_tf_keras_construction():
 
         return infer_without_registering
 
+    import parity
+
     patched = []
-    for flavor in ("tf_keras", "keras"):
+    # the flavors the tests build with, and no other: importing tf_keras 2.15 beside Keras 2.15 makes Keras 2's
+    # LSTM and GRU take their plain loop from then on (measured: ``_could_use_gpu_kernel`` turns False)
+    for flavor in {parity.keras_module(f).__name__ for f in parity.FLAVORS if f != "keras3"}:
         try:
             utils = importlib.import_module(f"{flavor}.src.layers.rnn.gru_lstm_utils")
             layer = importlib.import_module(f"{flavor}.src.engine.base_layer").Layer
-        except ImportError:  # not installed, or Keras 3 (it registers nothing)
+        except ImportError:  # another layout: built as tf_keras builds them
             continue
         infer = layer.__dict__["_infer_output_signature"]
         layer._infer_output_signature = lean(infer, utils)

@@ -123,7 +123,11 @@ def test_the_converters_trace_of_tf_keras_registers_no_cudnn_variant(flavor: str
 
     K = parity.keras_module(flavor)
     x = K.Input((None, 3))
-    model = K.Model(x, K.layers.LSTM(4, return_sequences=True)(x))
+    layer = K.layers.LSTM(4, return_sequences=True)
+    if not layer._could_use_gpu_kernel:
+        pytest.skip("this process imported tf_keras 2.15 beside Keras 2.15, whose LSTM then takes its plain loop "
+                    "and registers nothing")
+    model = K.Model(x, layer(x))
     spec = [tf.TensorSpec([None, None, 3], tf.float32)]
 
     def functions_of_trace() -> set:
