@@ -121,30 +121,26 @@ def _lean_tf_keras_construction():
     are as tf_keras makes them."""
     import importlib
 
-    def lean(infer, utils):
+    import parity
+    from tf2onnx_rnn.keras_kernels import cpu_kernels  # which, tracing, does not register the variant
+
+    def lean(infer):
         def infer_without_registering(self, *args, **kwargs):
-            register = utils.function_register
-            utils.function_register = lambda function, *a, **k: None
-            try:
+            with cpu_kernels():
                 return infer(self, *args, **kwargs)
-            finally:
-                utils.function_register = register
 
         return infer_without_registering
-
-    import parity
 
     patched = []
     # the flavors the tests build with, and no other: importing tf_keras 2.15 beside Keras 2.15 makes Keras 2's
     # LSTM and GRU take their plain loop from then on (measured: ``_could_use_gpu_kernel`` turns False)
     for flavor in {parity.keras_module(f).__name__ for f in parity.FLAVORS if f != "keras3"}:
         try:
-            utils = importlib.import_module(f"{flavor}.src.layers.rnn.gru_lstm_utils")
             layer = importlib.import_module(f"{flavor}.src.engine.base_layer").Layer
         except ImportError:  # another layout: built as tf_keras builds them
             continue
         infer = layer.__dict__["_infer_output_signature"]
-        layer._infer_output_signature = lean(infer, utils)
+        layer._infer_output_signature = lean(infer)
         patched.append((layer, infer))
     yield
     for layer, infer in patched:
