@@ -60,7 +60,7 @@ def _structure(model_proto: onnx.ModelProto) -> list:
     return lines + [f"output {name}" for name in outputs]
 
 
-def _stock_optimized(graph, optimizers, caught):
+def _stock_optimized(graph, optimizers, caught, made_again):
     from tf2onnx import optimizer
 
     return optimizer.optimize_graph(graph, catch_errors=caught, optimizers=optimizers)

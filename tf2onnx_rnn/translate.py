@@ -7,7 +7,6 @@ refused before anything is converted.
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import logging
 import os
@@ -34,22 +33,31 @@ def to_onnx(frozen: Frozen, options: Options) -> tuple:
     from . import handlers
 
     handlers.ensure_registered()
-    rewriter, findings = _rewriter(frozen, options)
+    runs: list = []  # the findings of each run of tf2onnx's conversion: the last one's rewriter made the graph
+
+    def rewriters() -> list:
+        """The custom rewriters of one run of tf2onnx's conversion, ours made afresh with findings of its own."""
+        rewriter, findings = _rewriter(frozen, options)
+        runs.append(findings)
+        return ([rewriter] if rewriter else []) + list(options.custom_rewriter)
+
     kwargs, nchw = _tf2onnx_arguments(frozen, options)
-    kwargs["custom_rewriter"] = ([rewriter] if rewriter else []) + list(options.custom_rewriter)
     import tensorflow as tf
 
     with tf.device("/cpu:0"):
         try:
             with warnings.catch_warnings():  # its TFLite reader builds TensorFlow's deprecated interpreter
                 warnings.filterwarnings("ignore", message=".*tf.lite.Interpreter is deprecated")
-                model_proto = _tf2onnx_conversion(frozen.graph_def, large_model=options.large_model, **kwargs)
+                model_proto = _tf2onnx_conversion(frozen.graph_def, rewriters, large_model=options.large_model,
+                                                  **kwargs)
         except ConversionError:
             raise
         except Exception as error:  # tf2onnx's own failure on this graph (say, a type its onnx cannot hold)
-            _check_fused_ops(frozen, findings)
+            if runs:
+                _check_fused_ops(frozen, runs[-1])
             raise ConversionError(f"tf2onnx cannot convert this model: {type(error).__name__}: "
                                   f"{first_line(error)}") from error
+    findings = runs[-1]
     _check_fused_ops(frozen, findings)
     _check_nchw(_io_ranks(model_proto), nchw)
     _scan_form(model_proto, findings, bool(options.streaming))
@@ -256,11 +264,11 @@ def _tf2onnx_arguments(frozen: Frozen, options: Options) -> tuple:
     return kwargs, nchw
 
 
-def _tf2onnx_conversion(graph_def, name: str, large_model: bool = False, custom_ops=None, custom_op_handlers=None,
-                        optimizers=None, **kwargs) -> onnx.ModelProto:
+def _tf2onnx_conversion(graph_def, rewriters, name: str, large_model: bool = False, custom_ops=None,
+                        custom_op_handlers=None, optimizers=None, **kwargs) -> onnx.ModelProto:
     """tf2onnx's conversion of a frozen graph (or of the TFLite file in ``kwargs``): the steps of its
-    ``_convert_common``, every tensor kept in the returned model proto, and its optimizers run as
-    :func:`_optimized` runs them.
+    ``_convert_common``, every tensor kept in the returned model proto, its custom rewriters those
+    ``rewriters()`` makes, and its optimizers run as :func:`_optimized` runs them.
 
     A ``large_model`` graph's big constants are taken out before TensorFlow imports it (a graph def
     over 2 GB cannot be imported) and handed to tf2onnx beside it, as tf2onnx does. tf2onnx's external
@@ -280,33 +288,39 @@ def _tf2onnx_conversion(graph_def, name: str, large_model: bool = False, custom_
         const_node_values = compress_graph_def(graph_def) if large_model else None
         if not kwargs.get("tflite_path") and not kwargs.get("tfjs_path"):
             tf.import_graph_def(graph_def, name="")
-        with shared_parents():  # tf2onnx's While handler copied the whole model per loop
-            graph = process_tf_graph(tf_graph, const_node_values=const_node_values,
-                                     custom_op_handlers=custom_op_handlers, **kwargs)
+
+        def processed():
+            with shared_parents():  # tf2onnx's While handler copied the whole model per loop
+                return process_tf_graph(tf_graph, const_node_values=const_node_values,
+                                        custom_op_handlers=custom_op_handlers, custom_rewriter=rewriters(), **kwargs)
+
         caught = os.environ.get(CATCH_ERRORS, str(not large_model)).upper() == "TRUE"
-        return _optimized(graph, optimizers, caught).make_model(f"converted from {name}")
+        return _optimized(processed(), optimizers, caught, processed).make_model(f"converted from {name}")
 
 
 CATCH_ERRORS = "TF2ONNX_CATCH_ERRORS"  # tf2onnx's switch: "FALSE" raises an optimizer's failure
 
 
-def _optimized(graph, optimizers, caught: bool):
+def _optimized(graph, optimizers, caught: bool, made_again):
     """``graph`` after tf2onnx's optimizers. Caught, a failing optimizer is skipped, as tf2onnx skips it;
     but where tf2onnx deep-copies the graph before every optimizer on every pass (three dozen copies of
-    every node and weight, most of a small model's conversion time), the graph is copied once here,
-    the optimizers run on it uncaught, and only if one of them fails do they run again, tf2onnx's way,
-    from that copy. Either way the graph is the one tf2onnx's optimizers make. Not caught (a large
-    model, as tf2onnx does for one), a failure is raised."""
+    every node and weight, most of a small model's conversion time), the optimizers run here on the graph
+    uncaught, and only if one of them fails is the graph made again (``made_again()``: tf2onnx's conversion
+    of the same frozen graph, which is deterministic, with rewriters made afresh) and optimized tf2onnx's
+    way, the failing optimizer skipped. Either way the graph is the one tf2onnx's optimizers make. Not
+    caught (a large model, as tf2onnx does for one), a failure is raised."""
     from tf2onnx import optimizer
 
     with lean_passes():  # no protobuf of every node and subgraph rebuilt after each pass
         if not caught:
             return optimizer.optimize_graph(graph, catch_errors=False, optimizers=optimizers)
-        untouched = copy.deepcopy(graph)
         try:
             return optimizer.optimize_graph(graph, catch_errors=False, optimizers=optimizers)
-        except Exception:  # noqa: BLE001 - tf2onnx's way from the copy: the failing optimizer is skipped, logged
-            return optimizer.optimize_graph(untouched, catch_errors=True, optimizers=optimizers)
+        except Exception:  # noqa: BLE001 - tf2onnx's way, on the graph made again: the failing optimizer skipped, logged
+            pass
+    graph = made_again()
+    with lean_passes():
+        return optimizer.optimize_graph(graph, catch_errors=True, optimizers=optimizers)
 
 
 def _io_ranks(model_proto: onnx.ModelProto) -> dict:
