@@ -126,14 +126,13 @@ def test_a_keras_file_and_a_saved_model(tmp_path, capfd):
 
 @pytest.mark.parametrize("flavor", parity.FLAVORS)
 def test_a_tflite_file(flavor, tmp_path):
-    import tensorflow as tf
 
     K = parity.keras_module(flavor)
     x = K.Input((None, FEATURES), batch_size=2, name="x")
     model = K.Model(x, K.layers.GRU(4, return_sequences=True, name="gru")(x))  # tf_keras's LSTM: a clipping fused op
     parity.randomize_weights(model, 6)
     path = tmp_path / "model.tflite"
-    path.write_bytes(tf.lite.TFLiteConverter.from_keras_model(model).convert())
+    path.write_bytes(helpers.keras_tflite(model))
     named = check_named(tf2onnx_rnn.convert_tflite(str(path)))
     (data,) = [name for name in named if len(named[name]) == 3 and named[name][2] == FEATURES]
     (output,) = [name for name in named if name != data]

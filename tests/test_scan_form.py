@@ -526,7 +526,6 @@ def test_a_tf1_dynamic_rnn_with_lengths_over_a_cell_no_node_names(form):
 def test_a_tflite_while_loop_the_readers_decline_becomes_a_scan(tmp_path):
     """A Keras 3 LSTM(activation="selu") exported to TFLite is a WHILE loop no matcher claims: a Scan,
     no Loop, equal to Keras (the TFLite interpreter's source)."""
-    import tensorflow as tf
 
     from tf2onnx_rnn import convert_tflite, report_of
 
@@ -536,7 +535,7 @@ def test_a_tflite_while_loop_the_readers_decline_becomes_a_scan(tmp_path):
     scan_cells.randomize(model, 13)
     path = str(tmp_path / "model.tflite")
     with open(path, "wb") as stream:
-        stream.write(tf.lite.TFLiteConverter.from_keras_model(model).convert())
+        stream.write(helpers.keras_tflite(model))
     proto = convert_tflite(path, verify=True)
     ops = helpers.op_counts(proto)
     assert ops["Scan"] == 1 and not ops["Loop"], report_of(proto).table()

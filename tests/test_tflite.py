@@ -99,13 +99,12 @@ class Exported:
 @functools.lru_cache(maxsize=None)
 def exported(flavor: str, name: str, batch: int, time) -> Exported:
     """The Keras model and its TFLite file (``time`` None: a dynamic time axis), made once per process."""
-    import tensorflow as tf
 
     K = parity.keras_module(flavor)
     x = K.Input((time, FEATURES), batch_size=batch, name="x")
     model = K.Model(x, _layers(K, name)(x))
     parity.randomize_weights(model, zlib.crc32(f"{flavor}/{name}".encode()))
-    content = tf.lite.TFLiteConverter.from_keras_model(model).convert()
+    content = helpers.keras_tflite(model)
     path = os.path.join(_DIR, f"{flavor}_{name}_b{batch}_t{time}.tflite")
     with open(path, "wb") as stream:
         stream.write(content)
@@ -209,7 +208,6 @@ def test_cell_clip_is_refused_where_it_can_act_and_dropped_on_request():
 def test_a_clip_that_acts_makes_the_file_differ_from_keras_and_the_conversion_follows_keras():
     """A cell state driven past 10: the TFLite file clips it, Keras does not; converted with the clip
     dropped, the model equals Keras (the report says the clip was dropped)."""
-    import tensorflow as tf
     import tf_keras as K
 
     steps = 36
@@ -222,7 +220,7 @@ def test_a_clip_that_acts_makes_the_file_differ_from_keras_and_the_conversion_fo
     layer.set_weights([kernel, np.full((1, 4), 1e-3, np.float32), bias])
     path = os.path.join(_DIR, "clip_acts.tflite")
     with open(path, "wb") as stream:
-        stream.write(tf.lite.TFLiteConverter.from_keras_model(model).convert())
+        stream.write(helpers.keras_tflite(model))
     x = np.concatenate([np.ones(20), -np.ones(16)]).astype(np.float32).reshape(1, steps, 1)
     with pytest.raises(ConversionError, match="over 36 steps the clip can act"):
         convert_tflite(path)
@@ -246,17 +244,19 @@ def quantized(flavor: str, kind: str, how: str) -> Exported:
     x = K.Input((TIME, 64), batch_size=2, name="x")
     model = K.Model(x, getattr(K.layers, kind)(16, return_sequences=True)(x))
     parity.randomize_weights(model, zlib.crc32(f"{flavor}/{kind}/{how}".encode()))
-    converter = tf.lite.TFLiteConverter.from_keras_model(model)
-    converter.optimizations = [tf.lite.Optimize.DEFAULT]
-    if how == "float16":
-        converter.target_spec.supported_types = [tf.float16]
-    elif how == "integer":
-        rng = np.random.default_rng(0)
-        converter.representative_dataset = lambda: ([rng.standard_normal((2, TIME, 64)).astype(np.float32)]
-                                                    for _ in range(20))
+
+    def configure(converter) -> None:
+        converter.optimizations = [tf.lite.Optimize.DEFAULT]
+        if how == "float16":
+            converter.target_spec.supported_types = [tf.float16]
+        elif how == "integer":
+            rng = np.random.default_rng(0)
+            converter.representative_dataset = lambda: ([rng.standard_normal((2, TIME, 64)).astype(np.float32)]
+                                                        for _ in range(20))
+
     path = os.path.join(_DIR, f"{flavor}_{kind}_{how}.tflite")
     with open(path, "wb") as stream:
-        stream.write(converter.convert())
+        stream.write(helpers.keras_tflite(model, configure))
     return Exported(model, path)
 
 

@@ -351,7 +351,7 @@ def files(tmp_path_factory):
     x_one = keras.Input((None, 8), batch_size=1, name="x")
     at_batch_one = keras.Model(x_one, model(x_one))
     with open(paths["tflite"], "wb") as stream:
-        stream.write(tf.lite.TFLiteConverter.from_keras_model(at_batch_one).convert())
+        stream.write(helpers.keras_tflite(at_batch_one))
     inputs = [t.name for t in frozen.inputs]
     outputs = [t.name for t in frozen.outputs]
     return paths, inputs, outputs
