@@ -358,6 +358,31 @@ def test_a_target_model_equals_keras_in_its_runtime(target, name, flavor, tmp_pa
         np.testing.assert_allclose(np.asarray(g).reshape(w.shape), w, rtol=tolerance, atol=tolerance)
 
 
+def test_a_runtime_child_serves_one_run_after_another_and_a_crashed_one_is_replaced(tmp_path):
+    """Runs in a runtime share one child process (the runtime imported once); a run the runtime fails on
+    is a line and leaves the child serving; one that ends the child is a line too, and the next run gets
+    a new child. (This interpreter as the runtime's: a model file that does not exist fails in any runtime,
+    installed or not, and feeds that are no file end the child.)"""
+    from tf2onnx_rnn import runtime_check
+
+    row = BY_KEY["iree"]
+    feeds, outputs = str(tmp_path / "feeds.npz"), str(tmp_path / "outputs.npz")
+    np.savez(feeds, x=np.zeros((1, 2, 3), np.float32))
+    missing = str(tmp_path / "missing.onnx")
+    child = runtime_check._child(row, sys.executable)
+    try:
+        failures = [child.run([missing, feeds, outputs]) for _ in range(2)]
+        assert all(failure and "\n" not in failure for failure in failures), failures
+        assert runtime_check._child(row, sys.executable) is child and child.alive()
+        crashed = child.run([missing, str(tmp_path / "no-feeds.npz"), outputs])
+        assert crashed == f"{row.name} crashed (exit 1) on the model" and not child.alive(), crashed
+        replacement = runtime_check._child(row, sys.executable)
+        assert replacement is not child and replacement.alive()
+        assert replacement.run([missing, feeds, outputs]) == failures[0]
+    finally:
+        runtime_check._child(row, sys.executable).close()
+
+
 def test_verify_with_a_target_runs_in_that_runtime_or_says_it_is_missing(tmp_path):
     """``--verify --target tvm``: verified in TVM where the runtime is there, else the check line says so."""
     example = os.path.join(os.path.dirname(__file__), "..", "examples", "lstm_gru_savedmodel")

@@ -4,6 +4,7 @@ This file is also a script, run by an interpreter that has the runtime (which ma
 environment than the converting one: each of these runtimes pins its own onnx, numpy and torch):
 
     python runtime_runs.py RUNTIME model.onnx feeds.npz outputs.npz
+    python runtime_runs.py --serve RUNTIME     (runs of that form, one a line of stdin: see serve)
     python runtime_runs.py --time RUNTIME feeds.npz ROUNDS times.json model.onnx...   (the benchmark)
 
 It imports numpy, onnx and the runtime only, nothing of this package. The feeds are the model's
@@ -189,7 +190,38 @@ def _first_error(text: str) -> str:
     return next((line for line in lines if "error:" in line.lower()), lines[-1] if lines else "")
 
 
+def run_once(runtime: str, path: str, feeds_path: str, outputs_path: str) -> str:
+    """Run the model in ``runtime`` on the feeds, its outputs written: "" done, else the one line saying why
+    not (the runtime refused or failed on the model)."""
+    feeds = dict(np.load(feeds_path))
+    with tempfile.TemporaryDirectory() as work:
+        try:
+            results = PREPARERS[runtime](os.path.abspath(path), feeds, work)(feeds)
+        except Exception as error:  # noqa: BLE001 - one line for the caller
+            return f"{type(error).__name__}: {_first_error(str(error))}"
+    np.savez(outputs_path, **{f"out{k}": r for k, r in enumerate(results)})
+    return ""
+
+
+def serve(runtime: str) -> int:
+    """Runs one after another in one process, which imports the runtime once: each line of stdin is a JSON
+    list [model.onnx, feeds.npz, outputs.npz], answered by a JSON line on stdout, "" done or the line saying
+    why not. What the runtime itself prints goes to stderr. A crash ends the process (its caller sees the
+    answer missing); end of input ends it."""
+    import json
+
+    answers = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # the runtime's own prints, Python's and its libraries', away from the answers
+    sys.stdout = sys.stderr
+    for line in sys.stdin:
+        answers.write(json.dumps(run_once(runtime, *json.loads(line))) + "\n")
+        answers.flush()
+    return 0
+
+
 def main(argv: list) -> int:
+    if argv and argv[0] == "--serve":
+        return serve(argv[1])
     if argv and argv[0] == "--time":  # --time RUNTIME FEEDS ROUNDS OUT.json MODEL...
         import json
 
@@ -199,15 +231,10 @@ def main(argv: list) -> int:
         with open(out, "w") as handle:
             json.dump(found, handle)
         return 0
-    runtime, path, feeds_path, outputs_path = argv
-    feeds = dict(np.load(feeds_path))
-    with tempfile.TemporaryDirectory() as work:
-        try:
-            results = PREPARERS[runtime](os.path.abspath(path), feeds, work)(feeds)
-        except Exception as error:  # noqa: BLE001 - one line for the caller
-            print(f"{type(error).__name__}: {_first_error(str(error))}", file=sys.stderr)
-            return 2
-    np.savez(outputs_path, **{f"out{k}": r for k, r in enumerate(results)})
+    failure = run_once(*argv)
+    if failure:
+        print(failure, file=sys.stderr)
+        return 2
     return 0
 
 
