@@ -57,6 +57,16 @@ def cudnn_ops(graph_def) -> list:
     return [n.op for n in nodes if n.op.startswith("CudnnRNN")]
 
 
+def traced(model, specs=None):
+    """The graph def of ``model(x, training=False)`` traced by a ``tf.function`` for ``specs`` (by default
+    the model's inputs'), as an export traces it: under :func:`gpu_machine`, as a GPU machine does."""
+    import tensorflow as tf
+
+    specs = specs or [tf.TensorSpec(t.shape, t.dtype) for t in model.inputs]
+    call = tf.function(lambda *xs: model(list(xs) if len(xs) > 1 else xs[0], training=False))
+    return call.get_concrete_function(*specs).graph.as_graph_def()
+
+
 def export_on_gpu_machine(model, name: str) -> str:
     """``model.export`` where TensorFlow lists a GPU (Keras 3): the SavedModel a GPU machine writes."""
     path = os.path.join(_DIR, name)

@@ -100,8 +100,7 @@ def test_a_gpu_machine_makes_keras3_trace_cudnn_and_the_converter_traces_loops()
     spec = [tf.TensorSpec([None, None, 3], tf.float32)]
 
     def ops_of_trace():
-        function = tf.function(lambda x: model(x, training=False), input_signature=spec)
-        graph = function.get_concrete_function().graph.as_graph_def()
+        graph = cudnn_graphs.traced(model, spec)
         return {n.op for n in list(graph.node) + [n for f in graph.library.function for n in f.node_def]}
 
     with gpu_machine():
@@ -131,8 +130,7 @@ def test_the_converters_trace_of_tf_keras_registers_no_cudnn_variant(flavor: str
     spec = [tf.TensorSpec([None, None, 3], tf.float32)]
 
     def functions_of_trace() -> set:
-        function = tf.function(lambda x: model(x, training=False), input_signature=spec)
-        library = function.get_concrete_function().graph.as_graph_def().library
+        library = cudnn_graphs.traced(model, spec).library
         return {"gpu" if "gpu_lstm_with_fallback" in f.signature.name else
                 "cpu" if "standard_lstm" in f.signature.name else "other" for f in library.function}
 

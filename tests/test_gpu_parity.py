@@ -90,23 +90,14 @@ def _recurrent(proto) -> collections.Counter:
         proto, helpers.RECURRENT_OPS))
 
 
-def _traced_on_gpu_machine(model):
-    """The graph def of ``model(x, training=False)`` traced where TensorFlow lists a GPU (a trace decides
-    whether the export holds cuDNN ops, at a fraction of the export's cost)."""
-    import tensorflow as tf
-
-    specs = [tf.TensorSpec(t.shape, t.dtype) for t in model.inputs]
-    call = tf.function(lambda *xs: model(list(xs) if len(xs) > 1 else xs[0], training=False))
-    with cudnn_graphs.gpu_machine():
-        return call.get_concrete_function(*specs).graph.as_graph_def()
-
-
 @pytest.mark.parametrize("suite, case", PARAMS)
 def test_exported_on_a_gpu_machine_converts_as_on_a_cpu(suite: str, case, tmp_path):
     from tf2onnx_rnn import convert_keras, convert_saved_model
 
     model = _model(suite, case)
-    if not cudnn_graphs.cudnn_ops(_traced_on_gpu_machine(model)):  # as the export would trace it
+    with cudnn_graphs.gpu_machine():  # a trace as the export's decides, at a fraction of its cost
+        traced = cudnn_graphs.traced(model)
+    if not cudnn_graphs.cudnn_ops(traced):
         pytest.skip("no layer of this model is one cuDNN takes: the GPU machine exports the CPU's graph")
     path = cudnn_graphs.export_on_gpu_machine(model, f"{suite}-{case.id}")
     import tensorflow as tf

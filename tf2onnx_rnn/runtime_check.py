@@ -62,8 +62,6 @@ class RuntimeSession:
     def run(self, _, feeds: dict) -> list:
         feeds_path, outputs_path = os.path.join(self.work, "feeds.npz"), os.path.join(self.work, "outputs.npz")
         np.savez(feeds_path, **feeds)
-        if os.path.exists(outputs_path):
-            os.remove(outputs_path)
         failure = _child(self.row, self.python).run([self.path, feeds_path, outputs_path])
         if failure:
             raise RuntimeError(failure)
@@ -76,6 +74,7 @@ class _Child:
 
     def __init__(self, row: Runtime, python: str):
         self.row = row
+        self.lock = threading.Lock()  # one run at a time: the answers come back in the order asked
         env = dict(os.environ)
         env["PATH"] = os.path.dirname(python) + os.pathsep + env.get("PATH", "")  # its pnnx, its iree tools
         self.process = subprocess.Popen([python, runtime_runs.__file__, "--serve", row.key], stdin=subprocess.PIPE,
@@ -84,6 +83,10 @@ class _Child:
     def run(self, job: list) -> str:
         """"" when the run is done, else the line saying why not; a crash or a run over ``TIMEOUT`` seconds
         ends the process (the next run starts another)."""
+        with self.lock:
+            return self._run(job)
+
+    def _run(self, job: list) -> str:
         answer: list = []
         try:
             self.process.stdin.write(json.dumps(job) + "\n")

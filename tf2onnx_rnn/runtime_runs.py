@@ -212,7 +212,6 @@ def serve(runtime: str) -> int:
 
     answers = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # the runtime's own prints, Python's and its libraries', away from the answers
-    sys.stdout = sys.stderr
     for line in sys.stdin:
         answers.write(json.dumps(run_once(runtime, *json.loads(line))) + "\n")
         answers.flush()

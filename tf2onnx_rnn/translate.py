@@ -312,12 +312,11 @@ def _optimized(graph, optimizers, caught: bool, made_again):
     from tf2onnx import optimizer
 
     with lean_passes():  # no protobuf of every node and subgraph rebuilt after each pass
-        if not caught:
-            return optimizer.optimize_graph(graph, catch_errors=False, optimizers=optimizers)
         try:
             return optimizer.optimize_graph(graph, catch_errors=False, optimizers=optimizers)
         except Exception:  # noqa: BLE001 - tf2onnx's way, on the graph made again: the failing optimizer skipped, logged
-            pass
+            if not caught:
+                raise
     graph = made_again()
     with lean_passes():
         return optimizer.optimize_graph(graph, catch_errors=True, optimizers=optimizers)
