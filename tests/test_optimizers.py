@@ -143,3 +143,70 @@ def test_catch_errors_false_raises_the_optimizers_failure(monkeypatch, value):
     monkeypatch.setenv(translate.CATCH_ERRORS, value)
     with pytest.raises(ConversionError, match="this optimizer breaks"):
         convert_keras(_model(), optimizers={"breaking": _breaking_optimizer()})
+
+
+def _skip_concatenated_stack(K):
+    """Two stacked LSTMs whose sequences are concatenated with the model's input (a text model's skip
+    connections): the transposes around the fused nodes meet an input that has none at the Concat."""
+    x = K.Input((None, 16), name="x")
+    r1 = K.layers.LSTM(8, return_sequences=True)(x)
+    r2 = K.layers.LSTM(8, return_sequences=True)(r1)
+    model = K.Model(x, K.layers.GlobalAveragePooling1D()(K.layers.concatenate([x, r1, r2])))
+    parity.randomize_weights(model, 8)
+    return model
+
+
+@pytest.mark.parametrize("flavor", parity.FLAVORS)
+def test_a_skip_concatenated_stack_converts_at_batch_1_as_at_batch_3(flavor):
+    """At a fixed batch of 1, tf2onnx's transpose optimizer left a pair of transposes at the Concat each
+    round, one of them a Reshape no round cancels: its rounds never ended. Both batches now convert to
+    as many nodes, two native LSTMs, exact (at batch 1 tf2onnx writes a transpose that moves only the axis
+    of size 1 as a Reshape)."""
+    import tensorflow as tf
+
+    model = _skip_concatenated_stack(parity.keras_module(flavor))
+    counts = {}
+    for batch in (1, 3):
+        x = np.random.default_rng(batch).standard_normal((batch, 11, 16)).astype(np.float32)
+        proto = convert_keras(model, input_signature=[tf.TensorSpec(x.shape, tf.float32, name="x")])
+        counts[batch] = helpers.op_counts(proto)
+        counts[batch]["Transpose"] += counts[batch].pop("Reshape", 0)
+        assert counts[batch]["LSTM"] == 2 and not helpers.nodes_of_types(proto, ["Loop", "Scan"]), counts[batch]
+        np.testing.assert_allclose(parity.run_onnx(helpers.ort_session(proto), ["x"], [x])[0],
+                                   parity.keras_outputs(model, [x])[0], rtol=1e-5, atol=1e-5)
+    assert counts[1] == counts[3], counts
+
+
+def _restless_optimizer():
+    """An optimizer that says it changed the graph every time it runs, as one that undoes another's work does."""
+    from tf2onnx.optimizer.optimizer_base import GraphOptimizerBase
+
+    class Restless(GraphOptimizerBase):
+        def _optimize(self, graph):
+            self.graph_been_opt = True
+            return graph
+
+    return Restless
+
+
+@pytest.mark.parametrize("value", ["TRUE", "FALSE"])
+def test_optimizers_that_never_settle_stop_the_conversion_in_one_line(monkeypatch, value):
+    """Caught or not (tf2onnx's switch), rounds of optimizers that never end stop the conversion with an
+    error naming the stage and the optimizer still at work, after a bounded number of rounds."""
+    from tf2onnx import optimizer
+
+    from tf2onnx_rnn import lean_tf2onnx
+
+    monkeypatch.setenv(translate.CATCH_ERRORS, value)
+    rounds = []
+    restless = _restless_optimizer()
+
+    def counted():
+        rounds.append(1)
+        return restless()
+
+    with pytest.raises(ConversionError) as raised:
+        convert_keras(_model(), optimizers={**optimizer._get_optimizers(), "restless": counted})
+    message = str(raised.value)
+    assert "\n" not in message and "tf2onnx's optimizers did not settle" in message and "Restless" in message, message
+    assert len(rounds) == lean_tf2onnx.ROUNDS, len(rounds)

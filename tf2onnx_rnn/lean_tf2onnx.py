@@ -1,4 +1,4 @@
-"""Two of tf2onnx's steps, with what they compute unchanged, in time linear in the number of loops.
+"""tf2onnx's steps that would take time out of proportion to the model, with what they compute unchanged.
 
 **Inlining a while-loop's condition.** tf2onnx's ``While`` handler inlines the loop's condition into
 the graph holding it (``onnx_opset/controlflow.py``, ``inline_subgraph``), first making a deep copy of
@@ -28,11 +28,30 @@ index grew to every node for each such input. :func:`lean_passes` passes the nod
 Identity's output, from the graph's own index of readers (the one tf2onnx's renaming reads when given
 none); the subgraphs reading it are renamed as tf2onnx does. At 32 loops left to tf2onnx it took 0.30 s
 against 0.02 s for 8 (measured), and the passes after it read the bloated index.
+
+**Its transpose optimizer's push through a node of several inputs** (``Concat``, ``Add``, ...). To move a
+``Transpose`` past such a node, tf2onnx first gives every input that is no such transpose a pair of
+transposes that cancel, and only then checks that the transposes already there are read by that node alone;
+where one is read elsewhere too, it gives up and leaves the pair. A later pass cancels the pair, and the
+optimizers' rounds end; but where a transpose of the pair only moves axes of size 1 (a batch of 1), its
+``post_optimize_action`` makes it a ``Reshape``, which no pass cancels: each round leaves one more pair and the
+rounds never end (a Keras model concatenating its input with two stacked LSTMs' sequences, at a fixed batch
+of 1: more than 15 minutes, stopped; 2 s at a batch of 3). :func:`lean_passes` checks first, and gives up
+before anything is added: where tf2onnx would push, it pushes as before.
+
+**The rounds.** tf2onnx runs its optimizers round after round until one round changes nothing, without a
+bound. :func:`lean_passes` stops a conversion whose optimizers still change the graph after :data:`ROUNDS`
+rounds with a :class:`~.errors.ConversionError` naming the stage and the optimizers still at work
+(the suite's models settle in at most a handful).
 """
 from __future__ import annotations
 
 import contextlib
 import copy
+
+from .errors import ConversionError
+
+ROUNDS = 50  # tf2onnx's optimizers' rounds allowed before the conversion is stopped
 
 
 class _Copier:
@@ -92,26 +111,52 @@ def shared_parents():
 @contextlib.contextmanager
 def lean_passes():
     """While tf2onnx's optimizers run: each pass without rebuilding every node's and subgraph's protobuf
-    after it, or counting the nodes for its log; an Identity's output renamed in its readers only."""
+    after it, or counting the nodes for its log; an Identity's output renamed in its readers only; a
+    transpose pushed through a node of several inputs only where it can be; at most :data:`ROUNDS` rounds."""
     from tf2onnx.optimizer.identity_optimizer import IdentityOptimizer
     from tf2onnx.optimizer.optimizer_base import GraphOptimizerBase
+    from tf2onnx.optimizer.transpose_optimizer import TransposeOptimizer
 
     original = GraphOptimizerBase.optimize
     original_identity = IdentityOptimizer.__dict__["_handle_non_graph_output_identity"]
+    original_branches = TransposeOptimizer._handle_node_having_branches  # pylint: disable=protected-access
+    changing: dict = {}  # round -> the optimizers that changed the graph in it
 
     def optimize(self, graph, iteration):
+        if iteration >= ROUNDS:
+            still = ", ".join(changing.get(iteration - 1, ())) or "one of them"
+            raise ConversionError(f"tf2onnx's optimizers did not settle: after {ROUNDS} rounds {still} still "
+                                  "changed the graph")
         self.opt_iteration = iteration
         graph = self._optimize(graph)  # pylint: disable=protected-access
         graph.delete_unused_nodes(graph.outputs)
+        if self.graph_been_opt:
+            changing.setdefault(iteration, []).append(type(self).__name__)
         return graph
+
+    def handle_node_having_branches(self, trans, node):
+        return _pushable(self, trans, node) and original_branches(self, trans, node)
 
     GraphOptimizerBase.optimize = optimize
     IdentityOptimizer._handle_non_graph_output_identity = staticmethod(_removed_identity)  # pylint: disable=protected-access
+    TransposeOptimizer._handle_node_having_branches = handle_node_having_branches  # pylint: disable=protected-access
     try:
         yield
     finally:
         GraphOptimizerBase.optimize = original
         IdentityOptimizer._handle_non_graph_output_identity = original_identity  # pylint: disable=protected-access
+        TransposeOptimizer._handle_node_having_branches = original_branches  # pylint: disable=protected-access
+
+
+def _pushable(optimizer, trans, node) -> bool:
+    """Whether tf2onnx's transpose optimizer can push ``trans`` through ``node``, a node of several inputs,
+    as far as its transposes already there are concerned: each is read by ``node`` alone. (tf2onnx checks
+    this only after giving the other inputs pairs of transposes, which it leaves where the check fails.)"""
+    from tf2onnx.optimizer.transpose_optimizer import is_tranpose_of_type
+
+    perm = trans.get_attr_value("perm")
+    present = [n for n in node.inputs if is_tranpose_of_type(n, perm)]
+    return optimizer._nodes_has_single_consumer_node(present)  # pylint: disable=protected-access
 
 
 def _removed_identity(graph, identity) -> bool:

@@ -314,6 +314,8 @@ def _optimized(graph, optimizers, caught: bool, made_again):
     with lean_passes():  # no protobuf of every node and subgraph rebuilt after each pass
         try:
             return optimizer.optimize_graph(graph, catch_errors=False, optimizers=optimizers)
+        except ConversionError:  # the optimizers did not settle (lean_tf2onnx.ROUNDS): they would not the second time
+            raise
         except Exception:  # noqa: BLE001 - tf2onnx's way, on the graph made again: the failing optimizer skipped, logged
             if not caught:
                 raise
