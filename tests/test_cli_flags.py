@@ -786,3 +786,13 @@ def test_parsed_flag_values():
     assert [(o.domain, o.version) for o in options.extra_opset] == [("com.microsoft", 1),
                                                                                 ("ai.onnx.contrib", 1)]
     assert options.large_model and options.continue_on_error and options.rename_inputs == ("a", "b")
+
+
+def test_runtime_notes_end_the_report_with_each_runtimes_reason(sequence_file, tmp_path, capfd):
+    """The report says where the model runs in a few lines; each other runtime's reason only when asked."""
+    plain = convert_ok(["--keras", sequence_file.path, "--output", tmp_path / "a.onnx"], capfd)
+    asked = convert_ok(["--keras", sequence_file.path, "--output", tmp_path / "b.onnx", "--runtime-notes"], capfd)
+    assert "runs in, as ONNX defines it: onnxruntime" in plain and "for the others, --target iree" in plain, plain
+    notes = [line for line in asked.splitlines() if line.startswith("note: Apache TVM")]
+    assert notes and "fixed shapes" in notes[0] and "--target tvm" in notes[0], asked
+    assert "note: Apache TVM" not in plain, plain

@@ -290,7 +290,7 @@ def test_a_target_model_equals_keras_and_holds_nothing_its_runtime_lacks(target,
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
     report = report_of(proto)
-    assert report.consumers[0].startswith("runs in, as ONNX defines it:") and target in report.consumers[0], \
+    assert target in report.runs_in and report.consumers[0].startswith("runs in, as ONNX defines it:"), \
         report.table()
 
 
@@ -312,15 +312,38 @@ def test_a_target_refuses_a_dynamic_signature_in_one_line_naming_inputs(target):
 
 
 def test_the_report_names_the_runtimes_and_the_silent_obstacles_of_the_default_form():
+    """A few lines: where the model runs, the targets for the others, and a warning for each runtime that
+    would compute it silently wrong; each runtime's reason on request."""
     K = parity.keras_module(parity.FLAVORS[0])
-    proto = convert_keras(_model(K, "masked", 12))
-    lines = report_of(proto).consumers
-    assert lines[0].startswith("runs in, as ONNX defines it: onnxruntime"), lines
-    iree = next(line for line in lines if line.startswith("note: IREE"))
+    report = report_of(convert_keras(_model(K, "masked", 12)))
+    lines = report.consumers
+    assert lines[0] == "runs in, as ONNX defines it: onnxruntime" and report.runs_in == ("onnxruntime",), lines
+    assert lines[1].startswith("for the others, --target portable (openvino, tract, reference), iree, tvm"), lines
+    warnings = lines[2:]
+    assert all(line.startswith("warning: ") for line in warnings), lines
+    assert {line.split(":")[1].strip().split(" ")[0] for line in warnings} == {"OpenVINO", "ONNX's", "IREE"}, lines
+    iree = next(line for line in warnings if line.startswith("warning: IREE"))
     assert "sequence_lens" in iree and "silently wrong" in iree and "--target iree" in iree, lines
-    tvm = next(line for line in lines if line.startswith("note: Apache TVM"))
-    assert "--target tvm" in tvm, lines
-    assert "openvino" not in lines[0] and "iree" not in lines[0], lines
+    tvm = next(line for line in report.runtime_notes if line.startswith("Apache TVM"))
+    assert "--target tvm" in tvm and "fixed shapes" in tvm, report.runtime_notes
+    assert len(report.runtime_notes) == len(RUNTIMES) - 1, report.runtime_notes
+    assert "Apache TVM" not in report.table() and tvm in report.table(runtime_notes=True)
+
+
+def test_a_plain_conversion_has_at_most_three_lines_about_runtimes():
+    """Plus one warning for each runtime that would compute it silently wrong."""
+    K = parity.keras_module(parity.FLAVORS[0])
+    for name in ("lstm", "simple_rnn", "bidirectional_concat", "gelu_scan"):
+        proto = convert_keras(_model(K, name, 12))
+        report = report_of(proto)
+        table = report.table().splitlines()
+        lines = [line for line in table if line.startswith(("runs in", "for the others", "note:"))]
+        assert len(lines) <= 3, (name, lines)
+        silent = {row.name for row in RUNTIMES if any(o.silent for o in obstacles(proto, row))}
+        warned = [line for line in table if line.startswith("warning: ")]
+        assert len(warned) == len(silent) and all(any(r in line for r in silent) for line in warned), (name, warned)
+        assert set(report.runs_in) == {"onnxruntime", "openvino", "tract", "onnx2torch", "reference"} - (
+            {"onnx2torch"} if name == "gelu_scan" else set()), (name, report.runs_in)
 
 
 def test_every_runtime_target_has_its_row_and_every_row_its_evidence():
@@ -416,5 +439,5 @@ def test_the_portable_form_is_exact_under_onnx_reference_evaluator(name, flavor)
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
     if name.startswith("masked"):
         default = convert_keras(_model(parity.keras_module(flavor), name, 11 + MODELS.index(name)))
-        note = next(line for line in report_of(default).consumers if line.startswith("note: ONNX's reference"))
+        note = next(line for line in report_of(default).consumers if line.startswith("warning: ONNX's reference"))
         assert "sequence_lens" in note and "silently wrong" in note and "--target portable" in note, note

@@ -18,7 +18,7 @@ from typing import Optional
 
 import onnx
 
-from .consumers import consumer_notes
+from .consumers import consumers_of
 from .cudnn_reference import checked_source
 from .dim_names import name_dimensions
 from .errors import ConversionError, VerificationError, first_line, param, raised_by_library
@@ -266,7 +266,8 @@ def convert(frozen: Frozen, options: Options) -> Conversion:
         check_lowered(report, frozen.lowered)
     if options.runtime:  # the form that runtime computes, lowered as far as its row of the table needs
         report = lower_for_runtime(model_proto, options.runtime, report)
-    report.consumers = consumer_notes(model_proto)
+    consumers = consumers_of(model_proto)
+    report.consumers, report.runs_in, report.runtime_notes = consumers.lines, consumers.runs_in, consumers.notes
     stamp_ir_version(model_proto)
     report.attach(model_proto)
     logger.info("tf2onnx_rnn report:\n%s", report.table())

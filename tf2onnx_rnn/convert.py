@@ -129,6 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--continue_on_error", "--continue-on-error", dest="continue_on_error",
                         action="store_true", help="write the model even if TensorFlow ops were left unconverted "
                                                   "(onnxruntime may not load it)")
+    parser.add_argument("--runtime-notes", "--runtime_notes", dest="runtime_notes", action="store_true",
+                        help="end the report with each runtime's reason, where it does not compute the model as "
+                             "written")
     parser.add_argument("--verify", action="store_true",
                         help="run the ONNX model in onnxruntime against TensorFlow before writing it")
     parser.add_argument("--tolerance", type=_tolerance, default=1e-4, metavar="FLOAT",
@@ -298,12 +301,12 @@ def run(args: argparse.Namespace) -> int:
         conversion = api.run(source, output_path=None if args.training_artifacts else args.output,
                              verify=args.verify, tolerance=args.tolerance, options=options)
     except (api.VerificationFailed, ShapeCheckFailed) as failure:
-        print(failure.conversion.report.table())
+        print(failure.conversion.report.table(args.runtime_notes))
         print(failure.result.table())
         _error(f"{failure.what} failed: {verified_summary(failure.result)}")
         print(f"{args.output} was not written")
         return EXIT_VERIFICATION_FAILED
-    print(conversion.report.table())
+    print(conversion.report.table(args.runtime_notes))
     if conversion.verification is not None:
         print(conversion.verification.table())
     if conversion.runtime_verification is not None:

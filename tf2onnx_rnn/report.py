@@ -47,7 +47,9 @@ class ConversionReport:
     nchw_inputs: tuple = ()  # inputs the model takes NCHW where its source takes NHWC
     nchw_outputs: tuple = ()  # outputs the model gives NCHW where its source gives NHWC
     dimensions: str = ""  # the inputs' and outputs' named dynamic dimensions, in one line (dim_names)
-    consumers: tuple = ()  # closing notes: what a known consumer computes otherwise than ONNX (consumers.py)
+    consumers: tuple = ()  # closing lines: where it runs, the targets for the others, silent errors (consumers.py)
+    runs_in: tuple = ()  # the keys of the runtimes of the table that compute the model as written
+    runtime_notes: tuple = ()  # for each other runtime, why it does not compute the model as written (on request)
 
     @property
     def fused(self) -> list:
@@ -82,9 +84,9 @@ class ConversionReport:
                 + (f", {len(self.unrolled)} unrolled layer(s) left as ops" if self.unrolled else "")
                 + (f", {removed} removed as unused" if removed else ""))
 
-    def table(self) -> str:
-        """A plain-text table, one row per loop, then the summary line, what was checked and the named
-        dynamic dimensions."""
+    def table(self, runtime_notes: bool = False) -> str:
+        """A plain-text table, one row per loop, then the summary line, what was checked, the named
+        dynamic dimensions and the closing lines (with ``runtime_notes``, each runtime's reason too)."""
         rows = [("layer", "kind", "direction", "became", "details")]
         for o in self.outcomes:
             if o.fused:
@@ -113,7 +115,8 @@ class ConversionReport:
                  for row in rows]
         lines.insert(1, "  ".join("-" * w for w in widths) + "  " + "-" * 7)
         return "\n".join(lines + [self.summary()] + ([self.checked] if self.checked else [])
-                         + ([f"dimensions: {self.dimensions}"] if self.dimensions else []) + self.notes())
+                         + ([f"dimensions: {self.dimensions}"] if self.dimensions else []) + self.notes()
+                         + ([f"note: {line}" for line in self.runtime_notes] if runtime_notes else []))
 
     def notes(self) -> list:
         """What the user may want to know about the form chosen: one line each."""
@@ -127,7 +130,8 @@ class ConversionReport:
         return json.dumps({"loops": [asdict(o) for o in self.outcomes], "summary": self.summary(),
                            "checked": self.checked, "nchw_inputs": list(self.nchw_inputs),
                            "nchw_outputs": list(self.nchw_outputs), "dimensions": self.dimensions,
-                           "consumers": list(self.consumers)})
+                           "consumers": list(self.consumers), "runs_in": list(self.runs_in),
+                           "runtime_notes": list(self.runtime_notes)})
 
     @classmethod
     def from_json(cls, text: str) -> "ConversionReport":
@@ -136,7 +140,8 @@ class ConversionReport:
         return cls([LoopOutcome(**{k: tuple(v) if k in lists else v for k, v in item.items()})
                     for item in stored["loops"]], stored.get("checked", ""), tuple(stored.get("nchw_inputs", ())),
                    tuple(stored.get("nchw_outputs", ())), stored.get("dimensions", ""),
-                   tuple(stored.get("consumers", ())))
+                   tuple(stored.get("consumers", ())), tuple(stored.get("runs_in", ())),
+                   tuple(stored.get("runtime_notes", ())))
 
     def attach(self, model_proto) -> None:
         """Store the report in ``model_proto.metadata_props`` (replacing an earlier one)."""
