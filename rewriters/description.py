@@ -6,6 +6,7 @@ needs, with weights already in ONNX gate order. Nothing here knows ONNX input sl
 """
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
@@ -98,7 +99,9 @@ class Direction(enum.Enum):
 
 @dataclass(frozen=True)
 class Activation:
-    """One ONNX recurrent activation, with its alpha/beta where it has them."""
+    """One ONNX recurrent activation, with its alpha/beta where it has them. A node's ``activation_alpha``
+    and ``activation_beta`` lists are consumed in order by the functions that take them
+    (:data:`TAKES_ALPHA`, :data:`TAKES_BETA`), as onnxruntime reads them."""
 
     name: str
     alpha: Optional[float] = None
@@ -107,6 +110,10 @@ class Activation:
     def __str__(self) -> str:
         params = [f"{k}={v:g}" for k, v in (("alpha", self.alpha), ("beta", self.beta)) if v is not None]
         return f"{self.name}({', '.join(params)})" if params else self.name
+
+
+TAKES_ALPHA = frozenset({"Affine", "LeakyRelu", "ThresholdedRelu", "ScaledTanh", "HardSigmoid", "Elu"})
+TAKES_BETA = frozenset({"Affine", "ScaledTanh", "HardSigmoid"})
 
 
 # ONNX attributes of one family's node beyond those every recurrent node has (GRU's
@@ -269,6 +276,31 @@ class Pass:
     @property
     def stacked(self) -> bool:
         return self.stack[1] > 1
+
+
+# which of a node's activation functions each of its gate blocks goes through (ONNX order; LSTM's third
+# function is applied to the cell state, not to a gate block)
+_GATE_FUNCTIONS = {"LSTM": (0, 0, 0, 1), "GRU": (0, 0, 1), "RNN": (0,)}
+
+
+def with_hard_sigmoid_offsets_in_bias(pass_: Pass) -> Pass:
+    """``pass_`` with every HardSigmoid a gate block goes through at ONNX's default beta of 0.5, the difference
+    moved into that block's input bias: ``HardSigmoid(a, b)(v) = HardSigmoid(a, 0.5)(v + (b - 0.5) / a)``.
+    Keras 3's GRU reads as beta 0 with its hard_sigmoid's ``+ 3`` in the bias; OpenVINO 2026.4 computes a
+    HardSigmoid whose beta is 0 with beta 0.5, silently (measured)."""
+    functions = _GATE_FUNCTIONS.get(pass_.kind.onnx_op, ())
+    shifted = [k for k, a in enumerate(pass_.activations) if a.name == "HardSigmoid" and a.alpha and a.alpha > 0
+               and a.beta is not None and a.beta != 0.5 and k in functions]
+    if not shifted:
+        return pass_
+    hidden, bias = pass_.hidden_size, pass_.B.copy()
+    for block, function in enumerate(functions):
+        if function in shifted:
+            a = pass_.activations[function]
+            bias[block * hidden:(block + 1) * hidden] += bias.dtype.type((a.beta - 0.5) / a.alpha)
+    activations = tuple(Activation(a.name, a.alpha, 0.5) if k in shifted else a
+                        for k, a in enumerate(pass_.activations))
+    return dataclasses.replace(pass_, B=bias, activations=activations)
 
 
 class NodeDirection(enum.Enum):

@@ -14,7 +14,7 @@ from onnx import helper
 from tf2onnx import utils
 from tf2onnx.graph_builder import GraphBuilder
 
-from ..description import MaskedOutput, NodeDirection, NoMatch, RecurrentLayer, StateRole
+from ..description import TAKES_ALPHA, TAKES_BETA, MaskedOutput, NodeDirection, NoMatch, RecurrentLayer, StateRole
 from .bool_masks import MaskingSource, masking_source, moved
 from .kernels import NATIVE, NativeNodes, NodeInputs
 from .mask_forms import MaskForm, Masks, PortableMask
@@ -45,8 +45,6 @@ class Out(enum.IntEnum):
 
 _STATE_OUTPUT = {StateRole.HIDDEN: Out.Y_H, StateRole.CELL: Out.Y_C}
 _STATE_INPUT = {StateRole.HIDDEN: Slot.INITIAL_H, StateRole.CELL: Slot.INITIAL_C}
-_TAKES_ALPHA = {"Affine", "LeakyRelu", "ThresholdedRelu", "ScaledTanh", "HardSigmoid", "Elu"}
-_TAKES_BETA = {"Affine", "ScaledTanh", "HardSigmoid"}
 _BATCH_MAJOR = [1, 0, 2]
 
 
@@ -64,8 +62,8 @@ def _attributes(layer: RecurrentLayer, direction: NodeDirection, sequence_lens: 
     defaults = first.kind.default_activations * len(layer.passes)
     if sequence_lens or [str(a) for a in activations] != list(defaults):
         attrs["activations"] = [a.name for a in activations]
-    alphas = [a.alpha for a in activations if a.name in _TAKES_ALPHA]
-    betas = [a.beta for a in activations if a.name in _TAKES_BETA]
+    alphas = [a.alpha for a in activations if a.name in TAKES_ALPHA]
+    betas = [a.beta for a in activations if a.name in TAKES_BETA]
     if alphas:
         attrs["activation_alpha"] = [float(a) for a in alphas]
     if betas:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..description import Direction, NodeDirection, Pass, RecurrentLayer
+from ..description import Direction, NodeDirection, Pass, RecurrentLayer, with_hard_sigmoid_offsets_in_bias
 from ..readers.adapt import one_step, tensor_key
 from .mask_forms import Masks
 
@@ -28,6 +28,7 @@ def plan_nodes(graph, passes: list, masks: Masks) -> list:
     for first, second in candidates:
         if first not in partner and second not in partner:
             partner[first], partner[second] = second, first
+    passes = [with_hard_sigmoid_offsets_in_bias(pass_) for pass_ in passes]
     layers = []
     for index, pass_ in enumerate(passes):
         if index not in partner:

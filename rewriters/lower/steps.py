@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
+from ..description import TAKES_ALPHA, TAKES_BETA, Activation
 from ..runtimes import FORWARD, INITIAL_C, INITIAL_H, PEEPHOLES, REVERSE, SEQUENCE_LENS, Y_C, Y_H, Y, attribute
 from .build import Writer
 
@@ -29,31 +30,30 @@ class CannotLower(Exception):
     """A node the lowering cannot write in the runtime's ops; the message says why."""
 
 
-@dataclass(frozen=True)
-class Activation:
-    name: str
-    alpha: float = None
-    beta: float = None
-
-
 def activations_of(node: onnx.NodeProto, directions: int) -> list:
-    """Per direction, the node's activation functions with their alpha and beta."""
+    """Per direction, the node's activation functions with their alpha and beta, the lists consumed in order
+    by the functions that take them, as onnxruntime reads them (read by position, a list of one value per
+    function gives a bidirectional node's second HardSigmoid another function's value: measured)."""
     op = node.op_type
-    names = [a.decode() if isinstance(a, bytes) else a for a in attribute(node, "activations", [])]
+    names = list(attribute(node, "activations", []))
     per = len(DEFAULT_ACTIVATIONS[op])
     names = names or DEFAULT_ACTIVATIONS[op] * directions
-    alphas, betas = list(attribute(node, "activation_alpha", [])), list(attribute(node, "activation_beta", []))
-    made = [Activation(n, alphas[k] if k < len(alphas) else None, betas[k] if k < len(betas) else None)
-            for k, n in enumerate(names)]
+    alphas, betas = iter(attribute(node, "activation_alpha", [])), iter(attribute(node, "activation_beta", []))
+    made = [Activation(n, next(alphas, None) if n in TAKES_ALPHA else None,
+                       next(betas, None) if n in TAKES_BETA else None) for n in names]
     return [made[d * per:(d + 1) * per] for d in range(directions)]
 
 
 def apply(w: Writer, activation: Activation, x: str, base: str) -> str:
     """``x`` through one of ONNX's recurrent activation functions, in plain ops."""
     name, alpha, beta = activation.name.lower(), activation.alpha, activation.beta
-    if name in ("sigmoid", "tanh", "relu", "softsign", "softplus"):
-        return w.op({"sigmoid": "Sigmoid", "tanh": "Tanh", "relu": "Relu", "softsign": "Softsign",
-                     "softplus": "Softplus"}[name], [x], base)
+    if name in ("sigmoid", "tanh", "relu", "softplus"):
+        return w.op({"sigmoid": "Sigmoid", "tanh": "Tanh", "relu": "Relu", "softplus": "Softplus"}[name], [x], base)
+    if name == "softsign":  # x / (1 + |x|): IREE 3.13 has no Softsign op below opset 22 (measured)
+        one_plus = w.op("Add", [w.op("Abs", [x], base), w.const(w.float(1.0), f"{base}_one")], base)
+        return w.op("Div", [x, one_plus], base)
+    if name == "thresholdedrelu":
+        return w.op("ThresholdedRelu", [x], base, alpha=1.0 if alpha is None else alpha)
     if name == "hardsigmoid":
         return w.op("HardSigmoid", [x], base, alpha=0.2 if alpha is None else alpha,
                     beta=0.5 if beta is None else beta)
