@@ -4,7 +4,9 @@ With every input's shape fixed, a ``Shape`` of a tensor whose shape ONNX's infer
 and so is every node all of whose inputs are constants (the zero states the portable form builds from
 the input's shape, the mask's index arithmetic on sizes): each is evaluated once, by ONNX's reference
 evaluator, and becomes an initializer. Compilers that take static shapes (TVM's Relax frontend has no
-lowering of a ``ConstantOfShape`` whose shape is computed) then see constants. Only the main graph is
+lowering of a ``ConstantOfShape`` whose shape is computed) then see constants. An ``If`` whose condition
+is then a constant becomes the branch it takes (a model's ``tf.cond`` on sizes, such as MinGRU's parallel
+scan: IREE and TVM fail on those ``If`` nodes, measured, and compute the branch). Only the main graph is
 folded, only deterministic ops, and only results of moderate size.
 """
 from __future__ import annotations
@@ -46,8 +48,47 @@ def fold_static(model_proto: onnx.ModelProto, shapes: dict) -> int:
     graph.initializer.extend(made)
     del graph.node[:]
     graph.node.extend(kept)
+    folded += _taken_branches(graph, values)
     drop_unread(graph)
     return folded
+
+
+def _taken_branches(graph: onnx.GraphProto, values: dict) -> int:
+    """Each ``If`` of ``graph`` whose condition is a constant in ``values`` replaced by the nodes of the
+    branch it takes, the branch's outputs passed on to the If's by ``Identity`` nodes; its own names given
+    a prefix where the graph has them already. Returns how many were."""
+    taken, nodes = 0, []
+    names = {n for node in graph.node for n in list(node.input) + list(node.output)} | set(values) \
+        | {i.name for i in graph.input}
+    for node in graph.node:
+        condition = values.get(node.input[0]) if node.op_type == "If" else None
+        if condition is None or np.asarray(condition).size != 1:
+            nodes.append(node)
+            continue
+        branch = next(a.g for a in node.attribute if a.name == ("then_branch" if bool(np.ravel(condition)[0])
+                                                                  else "else_branch"))
+        own = {t.name for t in branch.initializer} | {o for n in branch.node for o in n.output if o}
+        renamed = {name: f"{node.name or node.output[0]}/{name}" if name in names else name for name in own}
+        for tensor in branch.initializer:
+            copy = onnx.TensorProto()
+            copy.CopyFrom(tensor)
+            copy.name = renamed[tensor.name]
+            graph.initializer.append(copy)
+        for inner in branch.node:
+            copy = onnx.NodeProto()
+            copy.CopyFrom(inner)
+            copy.input[:] = [renamed.get(n, n) for n in inner.input]
+            copy.output[:] = [renamed.get(n, n) for n in inner.output]
+            nodes.append(copy)
+        for result, output in zip(branch.output, node.output):
+            nodes.append(onnx.helper.make_node("Identity", [renamed.get(result.name, result.name)], [output],
+                                               name=f"{node.name or output}/taken"))
+        names.update(renamed.values())
+        taken += 1
+    if taken:
+        del graph.node[:]
+        graph.node.extend(nodes)
+    return taken
 
 
 def _static(shape) -> bool:

@@ -68,7 +68,9 @@ def lower_for(model_proto: onnx.ModelProto, row: Runtime) -> Lowered:
     reasons: list = []
     done, origin = Lowered(), {}  # origin: a node a rung made -> the written model's node it computes
     try:
-        fold_static(model_proto, _shapes(model_proto))
+        for _ in range(_ROUNDS):  # a branch taken may hold more that the fixed shapes decide
+            if not fold_static(model_proto, _shapes(model_proto)):
+                break
     except Exception as error:  # noqa: BLE001 - folding only simplifies: the graph stays as it was
         done.errors.append(_contained("folding fixed shapes", error))
     for _ in range(_ROUNDS):

@@ -72,7 +72,24 @@ The handlers live by kind: :mod:`.special_functions` (Erfc, Expm1, Bucketize), :
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import threading
+
+# ONNX ops the handlers must not write in this conversion: those the target's runtime lacks (a DFT where IREE
+# or TVM has none; the handlers then write their opset-14 form)
+LACKING: contextvars.ContextVar = contextvars.ContextVar("lacking", default=frozenset())
+
+
+@contextlib.contextmanager
+def lacking(ops):
+    """While a conversion runs: the handlers write none of ``ops``, where they have another form."""
+    token = LACKING.set(frozenset(ops))
+    try:
+        yield
+    finally:
+        LACKING.reset(token)
+
 
 _LOCK = threading.Lock()
 _REGISTERED: dict = {}  # op name -> True (ours, or ours in front of tf2onnx's) or False (tf2onnx's alone)

@@ -131,6 +131,14 @@ def _dft(ctx, x, length=None, **attr):
     return _op(ctx, "DFT", inputs, **attr)
 
 
+def _dft_written(ctx) -> bool:
+    """Whether the transforms are ONNX DFTs (opset 17 on, unless the target's runtime has none) or products
+    with cos/sin matrices."""
+    from . import LACKING
+
+    return ctx.opset >= 17 and "DFT" not in LACKING.get()
+
+
 def _twiddle_angles(ctx, rows, cols, length):
     """2 pi ((r c) mod L) / L for every row index r and column index c, float64 [rows, cols]: the index
     product is reduced exactly in int64 first, so no angle is larger than 2 pi."""
@@ -153,7 +161,7 @@ def _rfft_spectrum(ctx, x, length):
     in the pair layout [..., length // 2 + 1, 2]."""
     from onnx import TensorProto
 
-    if ctx.opset >= 17:
+    if _dft_written(ctx):
         signal = _op(ctx, "Unsqueeze", [x, _ints(ctx, [-1])])
         return _dft(ctx, signal, length, onesided=1)
     # y[k] = sum over n < min(N, L) of x[n] (cos - i sin)(2 pi k n / L): one MatMul with a [N, 2 * half]
@@ -183,7 +191,7 @@ def _irfft_signal(ctx, spectrum, length):
     shape = _op(ctx, "Shape", [spectrum])
     count = _dims(ctx, shape, -2, -1)
     half = _op(ctx, "Add", [_op(ctx, "Div", [length, _ints(ctx, [2])]), _ints(ctx, [1])])
-    if ctx.opset >= 17:
+    if _dft_written(ctx):
         # the whole Hermitian spectrum Y = [X[0..half), conj(X[(L-1)//2 .. 1])] goes through a forward DFT
         # conjugated: x = Re(DFT(conj Y)) / L (onnxruntime's forward DFT is the exact one in float64)
         kept = _op(ctx, "Slice", [spectrum, _ints(ctx, [0]), half, _ints(ctx, [-2])])
