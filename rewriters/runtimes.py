@@ -39,20 +39,27 @@ class Runtime:
     target: Optional[str]  # the target whose form it computes (None: every form)
     recurrent: dict = field(default_factory=lambda: {op: ALL_DIRECTIONS for op in RECURRENT_OPS})
     gru_linear_before_reset_0: bool = True  # Keras's reset_after=False
+    # the activation functions it computes in a recurrent node as ONNX defines them (None: every one); others it
+    # computes otherwise, silently
+    activations: Optional[frozenset] = None
     reads_y_h: frozenset = frozenset(RECURRENT_OPS)  # ops whose Y_h output may be read
     reads_y_c: bool = True
     initial_states_needed: frozenset = frozenset()  # ops that must be given initial_h (and c)
+    all_states_need_initial: frozenset = frozenset()  # ops that must be given them where Y, Y_h and Y_c are read
     sequence_lens: str = "computed"  # "computed", "constant" (refused unless constant), "ignored" (silently)
     peepholes: str = "exact"  # "exact", "wrong" (silently), "none"
     scan: str = "dynamic"  # "dynamic", "static" (dynamic shapes give silently wrong ones), "none"
     scan_squeeze: bool = True  # a Squeeze inside a Scan's step compiles
+    # a Squeeze of a tensor whose dimensions ONNX's shape inference leaves unknown, in a model of fixed shapes,
+    # compiles
+    squeezes_unknown: bool = True
     lacks: frozenset = frozenset()  # op types it has no lowering or layer for
     negative_step_slice: str = "exact"  # "exact", "dropped" (silently)
     static_shapes: bool = False  # compiles for fixed shapes only
     steps: bool = True  # computes a layer's steps written out (MatMul, Add, activations, Split, Concat)
     given_states: bool = True  # maps a recurrent node whose initial states are given
     shared_weights: bool = True  # maps a MatMul whose constant weight other MatMuls read too
-    batch_one: bool = False  # computes one batch row at a time (its tensors have no batch axis)
+    batch_one: bool = False  # computes one batch row at a time (its tensors have no batch axis): a fixed batch of 1
     computed_gemm_bias: bool = True  # computes a Gemm whose C input is not a constant
     max_input_rank: int = 0  # the highest rank of an input it takes (0: any)
     masks: str = ""  # why it computes no masked layer in any form this package writes ("": it computes them)
@@ -82,27 +89,34 @@ RUNTIMES = (
          package="openvino", measured="ignores a computed sequence_lens under dynamic shapes; reads LSTM's P "
                                       "otherwise than ONNX (0.05 off)"),
     _row("tract", "tract 0.23", "portable", target_removes=_PORTABLE_REMOVES,
-         sequence_lens="constant",
+         sequence_lens="constant", all_states_need_initial=frozenset({"LSTM"}),
          lacks=_LOOPING | {"ReverseSequence"}, package="tract",
-         measured="takes sequence_lens only as a constant; no Loop, no ReverseSequence"),
+         measured="takes sequence_lens only as a constant; no Loop, no ReverseSequence; an LSTM whose Y, Y_h "
+                  "and Y_c are all read stops without initial states ('Clashing resolution for expression')"),
     _row("onnx2torch", "PyTorch through onnx2torch 1.5", "portable", target_removes=_PORTABLE_REMOVES,
          sequence_lens="constant", lacks=_LOOPING | {"ReverseSequence", "Scan", "If", "ScatterElements"},
          measured="no recurrent converter of its own (the tests supply them, without sequence_lens), "
                   "no Loop, Scan, If or ReverseSequence"),
     _row("reference", "ONNX's reference evaluator (onnx.reference)", "portable", target_removes=_PORTABLE_REMOVES,
-         sequence_lens="ignored",
+         sequence_lens="ignored", package="onnx.reference",
          measured="its LSTM, GRU and RNN take sequence_lens and do not read it"),
     _row("iree", "IREE 3.13 (llvm-cpu)", "iree",
          recurrent={"LSTM": frozenset({FORWARD, BIDIRECTIONAL}), "GRU": frozenset({FORWARD}),
                     "RNN": frozenset({FORWARD})},
-         sequence_lens="ignored", scan="static", scan_squeeze=False, lacks=_LOOPING, static_shapes=True,
-         package="iree.runtime",
+         sequence_lens="ignored", scan="static", scan_squeeze=False, squeezes_unknown=False, lacks=_LOOPING | {"DFT"},
+         static_shapes=True,
+         activations=frozenset({"Sigmoid", "Tanh", "Relu"}), package="iree.runtime",
          measured="reverse nodes and bidirectional GRU/RNN fail to legalize; GRU/RNN need a static batch; "
                   "sequence_lens silently ignored; a Scan with dynamic dimensions returns a wrong shape; a "
-                  "Squeeze in a Scan's step fails to compile; no Loop"),
+                  "Squeeze in a Scan's step, or of a tensor whose shape inference leaves a dimension unknown (a "
+                  "ConvLSTM2D's last step, padded as tf2onnx pads a loop's outputs), fails to compile "
+                  "('tensor.collapse_shape'); no Loop, no DFT; a recurrent node's activations "
+                  "other than Sigmoid, Tanh and Relu computed as Relu and their alpha and beta not read, silently "
+                  "(74 single-node probes: HardSigmoid, LeakyRelu, Affine, ScaledTanh, Elu, Softsign, Softplus, "
+                  "ThresholdedRelu)"),
     _row("tvm", "Apache TVM 0.27 (Relax, llvm)", "tvm", recurrent={}, scan="none",
-         lacks=_LOOPING | {"ReverseSequence"}, static_shapes=True, package="tvm",
-         measured="Relax's ONNX frontend has no LSTM, GRU, RNN, Scan, Loop or ReverseSequence converter"),
+         lacks=_LOOPING | {"ReverseSequence", "DFT"}, static_shapes=True, package="tvm",
+         measured="Relax's ONNX frontend has no LSTM, GRU, RNN, Scan, Loop, ReverseSequence or DFT converter"),
     _row("ncnn", "ncnn 1.0.20261020 through pnnx 20261020", "ncnn",
          recurrent={op: frozenset({FORWARD}) for op in RECURRENT_OPS}, given_states=False, shared_weights=False,
          batch_one=True, computed_gemm_bias=False, max_input_rank=4,
@@ -180,10 +194,42 @@ def obstacles(model_proto: onnx.ModelProto, row: Runtime) -> list:
     ranks = [len(i.type.tensor_type.shape.dim) for i in model_proto.graph.input]
     if row.max_input_rank and max(ranks, default=0) > row.max_input_rank:
         found.insert(0, Obstacle("inputs", f"takes no input of rank {max(ranks)}", kind="rank"))
+    if static and not row.squeezes_unknown:
+        found.extend(_unknown_squeezes(model_proto))
+    batched = batched_input(model_proto) if row.batch_one and static else None
+    if batched is not None:
+        found.insert(0, Obstacle("inputs", f"computes one batch row at a time: input {batched.name} has batch "
+                                           f"{batched.type.tensor_type.shape.dim[0].dim_value}", kind="batch"))
     if row.static_shapes and not static:
         found.insert(0, Obstacle("inputs", "compiles fixed shapes only: the model's inputs have dynamic dimensions",
                                     kind="inputs"))
     return found
+
+
+def _unknown_squeezes(model_proto: onnx.ModelProto) -> list:
+    """An obstacle per ``Squeeze`` of the main graph whose input has a dimension ONNX's shape inference leaves
+    unknown (the model's inputs of fixed shapes)."""
+    squeezes = [n for n in model_proto.graph.node if n.op_type == "Squeeze"]
+    if not squeezes:
+        return []
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model_proto, data_prop=True).graph
+    except Exception:  # noqa: BLE001 - without inference, no dimension is known but those declared
+        inferred = model_proto.graph
+    known = {v.name: v.type.tensor_type.shape for v in list(inferred.input) + list(inferred.value_info)
+             + list(inferred.output) if v.type.tensor_type.HasField("shape")}
+    known.update({t.name: None for t in model_proto.graph.initializer})
+    return [Obstacle(n.name or n.output[0], "fails to compile a Squeeze of a tensor whose shape it cannot fix "
+                                            "('tensor.collapse_shape')", kind="shape")
+            for n in squeezes if n.input[0] not in known
+            or (known[n.input[0]] is not None and not all(d.HasField("dim_value") for d in known[n.input[0]].dim))]
+
+
+def batched_input(model_proto: onnx.ModelProto):
+    """The first input (of fixed shape) whose batch axis is not 1, or None."""
+    constants = {t.name for t in model_proto.graph.initializer}
+    return next((i for i in model_proto.graph.input if i.name not in constants and i.type.tensor_type.shape.dim
+                 and i.type.tensor_type.shape.dim[0].dim_value != 1), None)
 
 
 def node_obstacles(node: onnx.NodeProto, row: Runtime, constants: dict, static: bool, readers: dict) -> list:
@@ -222,6 +268,9 @@ def _recurrent(node, row: Runtime, constants: dict, readers: dict, name: str) ->
         return found
     if op == "GRU" and not attribute(node, "linear_before_reset", 0) and not row.gru_linear_before_reset_0:
         found.append(Obstacle(name, "has no GRU with linear_before_reset=0 (Keras's reset_after=False)", kind="op"))
+    others = sorted(set(attribute(node, "activations", [])) - row.activations) if row.activations is not None else []
+    if others:
+        found.append(Obstacle(name, f"computes {op}'s {', '.join(others)} otherwise than ONNX", True, "activations"))
     lengths = slot(node.input, SEQUENCE_LENS)
     if lengths:
         if row.sequence_lens == "ignored" and lengths not in constants:
@@ -245,6 +294,10 @@ def _recurrent(node, row: Runtime, constants: dict, readers: dict, name: str) ->
         found.append(Obstacle(name, f"maps {op} only without initial states", kind="given_states"))
     if op in row.initial_states_needed and not slot(node.input, INITIAL_H):
         found.append(Obstacle(name, f"fails on {op} without initial states", kind="initial_states"))
+    elif op in row.all_states_need_initial and not slot(node.input, INITIAL_H) and \
+            all(slot(node.output, k) in readers for k in (Y, Y_H, Y_C)):
+        found.append(Obstacle(name, f"fails on {op} without initial states whose Y, Y_h and Y_c are all read",
+                              kind="initial_states"))
     return found
 
 
@@ -252,6 +305,8 @@ def attribute(node: onnx.NodeProto, name: str, default=None):
     for a in node.attribute:
         if a.name == name:
             value = helper.get_attribute_value(a)
+            if isinstance(value, list):
+                return [v.decode() if isinstance(v, bytes) else v for v in value]
             return value.decode() if isinstance(value, bytes) else value
     return default
 

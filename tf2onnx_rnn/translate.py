@@ -20,6 +20,7 @@ from .lean_tf2onnx import lean_passes, shared_parents
 from .options import Options
 from .probes import default_opset
 from .rewriters.outcome import LOOP, STEPS, Findings
+from .rewriters.runtimes import BY_KEY
 from .sources import Frozen, placeholder_shapes, resolve_names
 
 logger = logging.getLogger("tf2onnx_rnn")
@@ -44,7 +45,8 @@ def to_onnx(frozen: Frozen, options: Options) -> tuple:
     kwargs, nchw = _tf2onnx_arguments(frozen, options)
     import tensorflow as tf
 
-    with tf.device("/cpu:0"):
+    lacks = BY_KEY[options.runtime].lacks if options.runtime else frozenset()
+    with tf.device("/cpu:0"), handlers.lacking(lacks):
         try:
             with warnings.catch_warnings():  # its TFLite reader builds TensorFlow's deprecated interpreter
                 warnings.filterwarnings("ignore", message=".*tf.lite.Interpreter is deprecated")
@@ -72,7 +74,7 @@ def lower_for_runtime(model_proto: onnx.ModelProto, target: str, report):
     as that runtime's row of ``rewriters.runtimes`` needs), and ``report`` saying how each layer is computed
     there; its inputs must have fixed shapes, and what the runtime still cannot compute is a
     :class:`ConversionError` naming the runtime, the layer and why."""
-    from .rewriters.runtimes import BY_KEY
+    from .rewriters.runtimes import batched_input
 
     row = BY_KEY[target]
     constants = {t.name for t in model_proto.graph.initializer}
@@ -84,13 +86,12 @@ def lower_for_runtime(model_proto: onnx.ModelProto, target: str, report):
         raise ConversionError(f"{param('target')} {target}: {row.name} compiles fixed shapes only, and input "
                               f"{dynamic[0].name} is [{shape}]: give every input a fixed shape with "
                               f"{param('inputs')} (for example \"{dynamic[0].name}[2,12,8]\")")
-    batched = [i for i in model_proto.graph.input if i.name not in constants and i.type.tensor_type.shape.dim
-               and i.type.tensor_type.shape.dim[0].dim_value != 1]
-    if row.batch_one and batched:
-        dims = [d.dim_value for d in batched[0].type.tensor_type.shape.dim]
+    batched = batched_input(model_proto) if row.batch_one else None
+    if batched is not None:
+        dims = [d.dim_value for d in batched.type.tensor_type.shape.dim]
         raise ConversionError(f"{param('target')} {target}: {row.name} computes one batch row at a time, and input "
-                              f"{batched[0].name} is {dims}: give it batch size 1 with {param('inputs')} (for example "
-                              f"\"{batched[0].name}[{','.join(['1'] + [str(d) for d in dims[1:]])}]\")")
+                              f"{batched.name} is {dims}: give it batch size 1 with {param('inputs')} (for example "
+                              f"\"{batched.name}[{','.join(['1'] + [str(d) for d in dims[1:]])}]\")")
     try:
         lowered = _lowered(model_proto, target, row, report)
     except ConversionError:
@@ -212,7 +213,7 @@ def _rewriter(frozen: Frozen, options: Options) -> tuple:
     every recurrent loop's row says why)."""
     try:
         from .rewriters.pipeline import make_rewriter  # imported late: it imports tf2onnx, hence TensorFlow
-        from .rewriters.runtimes import BY_KEY, masked_own_step
+        from .rewriters.runtimes import masked_own_step
 
         findings = Findings()
         return make_rewriter(findings, frozen.layer_names, portable=options.portable,
