@@ -19,7 +19,11 @@ How each runtime is driven (docs/downstream.md names the versions measured):
   run on Relax's virtual machine;
 - ``ncnn``: ``pnnx`` writes the ncnn param and bin files for the feeds' shapes (``fp16=0``), run with
   ``ncnn.Net``; ncnn's blobs have no batch axis, so each batch row is run on its own, as ncnn's users do;
-- ``rknn``: rknn-toolkit2 builds for ``rk3588`` without quantization and runs its simulator (float16).
+- ``rknn``: rknn-toolkit2 builds for ``rk3588`` without quantization and runs its simulator (float16);
+- ``openvino``: ``Core().read_model`` on the file, compiled for the CPU at f32 inference precision (on
+  CPUs with bf16 units OpenVINO computes in bf16 by default), with the model's own (dynamic) shapes;
+- ``tract``: ``tract.onnx().load``, each input's fact set to the feed's shape and type, made a runnable model;
+- ``reference``: ONNX's reference evaluator (``onnx.reference.ReferenceEvaluator``).
 """
 from __future__ import annotations
 
@@ -155,7 +159,52 @@ def prepare_rknn(path: str, feeds: dict, work: str):
     return run
 
 
-PREPARERS = {"iree": prepare_iree, "tvm": prepare_tvm, "ncnn": prepare_ncnn, "rknn": prepare_rknn}
+def prepare_openvino(path: str, feeds: dict, work: str):
+    import openvino
+
+    core = openvino.Core()
+    compiled = core.compile_model(core.read_model(path), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    names = _inputs_of(path)
+
+    def run(given: dict) -> list:
+        result = compiled([given[name] for name in names])
+        return [np.asarray(result[output]) for output in compiled.outputs]
+    return run
+
+
+def prepare_tract(path: str, feeds: dict, work: str):
+    import tract
+
+    model = tract.onnx().load(path)
+    names = _inputs_of(path)
+    for k, name in enumerate(names):
+        model.set_input_fact(k, ",".join([str(d) for d in feeds[name].shape] + [_tract_type(feeds[name].dtype)]))
+    runnable = model.into_model().into_runnable()
+
+    def run(given: dict) -> list:
+        return [tensor.to_numpy() for tensor in runnable.run([given[name] for name in names])]
+    return run
+
+
+def _tract_type(dtype) -> str:
+    return {"float32": "f32", "float16": "f16", "float64": "f64", "int32": "i32", "int64": "i64",
+            "bool": "bool"}[np.dtype(dtype).name]
+
+
+def prepare_reference(path: str, feeds: dict, work: str):
+    import onnx
+    from onnx.reference import ReferenceEvaluator
+
+    evaluator = ReferenceEvaluator(onnx.load(path))
+    names = _inputs_of(path)
+
+    def run(given: dict) -> list:
+        return [np.asarray(r) for r in evaluator.run(None, {name: given[name] for name in names})]
+    return run
+
+
+PREPARERS = {"iree": prepare_iree, "tvm": prepare_tvm, "ncnn": prepare_ncnn, "rknn": prepare_rknn,
+             "openvino": prepare_openvino, "tract": prepare_tract, "reference": prepare_reference}
 
 
 def timings(runtime: str, paths: list, feeds: dict, rounds: int, work: str) -> dict:
@@ -190,15 +239,37 @@ def _first_error(text: str) -> str:
     return next((line for line in lines if "error:" in line.lower()), lines[-1] if lines else "")
 
 
+class _Prepared:
+    """The model last prepared (compiled) in this process, kept for runs of the same file at the same feed
+    shapes (a verification's rounds, a stream's chunks): the runtime compiles it once."""
+
+    key = None
+    run = None
+    work = None
+
+    @classmethod
+    def runner(cls, runtime: str, path: str, feeds: dict):
+        stat = os.stat(path)
+        key = (runtime, os.path.abspath(path), stat.st_mtime_ns, stat.st_size,
+               tuple(sorted((name, value.shape, str(value.dtype)) for name, value in feeds.items())))
+        if key != cls.key:
+            cls.key = cls.run = None
+            if cls.work is not None:
+                cls.work.cleanup()
+            cls.work = tempfile.TemporaryDirectory()
+            cls.run = PREPARERS[runtime](os.path.abspath(path), feeds, cls.work.name)
+            cls.key = key
+        return cls.run
+
+
 def run_once(runtime: str, path: str, feeds_path: str, outputs_path: str) -> str:
     """Run the model in ``runtime`` on the feeds, its outputs written: "" done, else the one line saying why
     not (the runtime refused or failed on the model)."""
     feeds = dict(np.load(feeds_path))
-    with tempfile.TemporaryDirectory() as work:
-        try:
-            results = PREPARERS[runtime](os.path.abspath(path), feeds, work)(feeds)
-        except Exception as error:  # noqa: BLE001 - one line for the caller
-            return f"{type(error).__name__}: {_first_error(str(error))}"
+    try:
+        results = _Prepared.runner(runtime, path, feeds)(feeds)
+    except Exception as error:  # noqa: BLE001 - one line for the caller
+        return f"{type(error).__name__}: {_first_error(str(error))}"
     np.savez(outputs_path, **{f"out{k}": r for k, r in enumerate(results)})
     return ""
 
