@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The runtimes slice: one environment per runtime a target writes for (each pins its own onnx, numpy and
-# torch), made on Python 3.11, then the runtime tests of tests/test_runtime_targets.py run from the newest
-# stack's environment, each runtime's interpreter named by TF2ONNX_RNN_<RUNTIME>_PYTHON.
+# torch), made on Python 3.11, then the runtime tests (tests/test_runtime_targets.py: streamed chunks and
+# verification in a runtime; tests/test_runtime_claims.py: every runtime a report names runs the model) run
+# from the newest stack's environment, each runtime's interpreter named by TF2ONNX_RNN_<RUNTIME>_PYTHON.
 # A runtime whose packages cannot be installed fails the install, naming it (outside CI, its tests skip, naming why).
 #   runtimes.sh install BASE_PYTHON      make the environments (CI does this while the main suite runs)
 #   runtimes.sh test STACK_PYTHON        run the tests with the environments made
@@ -17,7 +18,10 @@ if [ "$phase" = test ]; then
         fi
     done
     cd "$root"
-    exec "$2" -m pytest -n 2 -p no:cacheprovider tests/test_runtime_targets.py -k "in_its_runtime or verify_with"
+    # every runtime the reports name must be here: a missing one fails its claims' tests (not a skip)
+    export TF2ONNX_RNN_RUNTIMES_REQUIRED=1
+    exec "$2" -m pytest -n 2 -p no:cacheprovider tests/test_runtime_targets.py tests/test_runtime_claims.py \
+        -k "in_its_runtime or verify_with"
 fi
 
 base_python=$2

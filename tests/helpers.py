@@ -6,11 +6,13 @@ conftest.py). It imports neither TensorFlow nor Keras, and onnxruntime only when
 from __future__ import annotations
 
 import collections
+import hashlib
 import os
 import re
 from typing import TYPE_CHECKING, Iterator, Union
 
 import onnx
+from onnx import numpy_helper
 
 if TYPE_CHECKING:
     import onnxruntime
@@ -154,3 +156,39 @@ def run_in_chunks(model_proto: onnx.ModelProto, data, chunks, pairs: dict, state
         states = {name: result[output] for name, output in pairs.items()}
         start += size
     return outputs
+
+
+def structure(model_proto: onnx.ModelProto) -> list:
+    """The graph as sorted lines, one a node, each tensor named by what computes it (its producer's op,
+    attributes and inputs, so named, and its output index), constants by their values and inputs by
+    their names: two conversions of one model compare equal whatever names tf2onnx's counters gave
+    their tensors and in whichever order equal graphs list their independent nodes (a graph tf2onnx
+    re-optimizes from a deep copy may list them otherwise)."""
+
+    def walk(graph, outer: dict) -> tuple:
+        names = dict(outer)
+        for tensor in graph.initializer:
+            value = numpy_helper.to_array(tensor).tobytes().hex()
+            names[tensor.name] = f"{tensor.data_type}{list(tensor.dims)}:{value}"
+        for index, value in enumerate(graph.input):
+            names[value.name] = f"input {value.name if graph is model_proto.graph else index}"
+        lines = []
+        for node in graph.node:
+            attributes = []
+            for attribute in node.attribute:
+                if attribute.type == onnx.AttributeProto.GRAPH:
+                    attributes.append(f"{attribute.name}={walk(attribute.g, names)}")
+                elif attribute.type == onnx.AttributeProto.TENSOR:
+                    attributes.append(f"{attribute.name}={numpy_helper.to_array(attribute.t).tobytes().hex()}")
+                else:
+                    attributes.append(f"{attribute.name}={onnx.helper.get_attribute_value(attribute)}")
+            line = f"{node.op_type} {[names.get(i, i) for i in node.input]} {attributes}"
+            digest = hashlib.sha1(line.encode()).hexdigest()[:16]
+            for index, output in enumerate(node.output):
+                if output:
+                    names[output] = f"{digest}:{index}"
+            lines.append(f"{line} -> {[names.get(o, '') for o in node.output]}")
+        return sorted(lines), [names[o.name] for o in graph.output]
+
+    lines, outputs = walk(model_proto.graph, {})
+    return lines + [f"output {name}" for name in outputs]

@@ -2,13 +2,10 @@
 optimizer skipped as tf2onnx skips it, and raised when ``TF2ONNX_CATCH_ERRORS`` says so."""
 from __future__ import annotations
 
-import hashlib
 import logging
 
 import numpy as np
-import onnx
 import pytest
-from onnx import numpy_helper
 
 import helpers
 import parity
@@ -22,42 +19,6 @@ def _model():
     model = K.Model(x, K.layers.Dense(3)(K.layers.GRU(3)(y)))
     parity.randomize_weights(model, 5)
     return model
-
-
-def _structure(model_proto: onnx.ModelProto) -> list:
-    """The graph as sorted lines, one a node, each tensor named by what computes it (its producer's op,
-    attributes and inputs, so named, and its output index), constants by their values and inputs by
-    their names: two conversions of one model compare equal whatever names tf2onnx's counters gave
-    their tensors and in whichever order equal graphs list their independent nodes (a graph tf2onnx
-    re-optimizes from a deep copy may list them otherwise)."""
-
-    def walk(graph, outer: dict) -> tuple:
-        names = dict(outer)
-        for tensor in graph.initializer:
-            value = numpy_helper.to_array(tensor).tobytes().hex()
-            names[tensor.name] = f"{tensor.data_type}{list(tensor.dims)}:{value}"
-        for index, value in enumerate(graph.input):
-            names[value.name] = f"input {value.name if graph is model_proto.graph else index}"
-        lines = []
-        for node in graph.node:
-            attributes = []
-            for attribute in node.attribute:
-                if attribute.type == onnx.AttributeProto.GRAPH:
-                    attributes.append(f"{attribute.name}={walk(attribute.g, names)}")
-                elif attribute.type == onnx.AttributeProto.TENSOR:
-                    attributes.append(f"{attribute.name}={numpy_helper.to_array(attribute.t).tobytes().hex()}")
-                else:
-                    attributes.append(f"{attribute.name}={onnx.helper.get_attribute_value(attribute)}")
-            line = f"{node.op_type} {[names.get(i, i) for i in node.input]} {attributes}"
-            digest = hashlib.sha1(line.encode()).hexdigest()[:16]
-            for index, output in enumerate(node.output):
-                if output:
-                    names[output] = f"{digest}:{index}"
-            lines.append(f"{line} -> {[names.get(o, '') for o in node.output]}")
-        return sorted(lines), [names[o.name] for o in graph.output]
-
-    lines, outputs = walk(model_proto.graph, {})
-    return lines + [f"output {name}" for name in outputs]
 
 
 def _stock_optimized(graph, optimizers, caught, made_again):
@@ -89,7 +50,7 @@ def test_the_optimized_model_is_the_one_tf2onnx_makes(monkeypatch):
     ours = convert_keras(model)
     monkeypatch.setattr(translate, "_optimized", _stock_optimized)
     stock = convert_keras(model)
-    assert _structure(ours) == _structure(stock)
+    assert helpers.structure(ours) == helpers.structure(stock)
 
 
 def _looped_model():
@@ -116,7 +77,7 @@ def test_the_lean_steps_make_the_model_tf2onnx_makes(monkeypatch):
     monkeypatch.setattr(translate, "_optimized", _stock_optimized)
     monkeypatch.setattr(translate, "shared_parents", contextlib.nullcontext)
     stock = convert_keras(model)
-    assert _structure(ours) == _structure(stock)
+    assert helpers.structure(ours) == helpers.structure(stock)
     x = _x()
     np.testing.assert_allclose(parity.run_onnx(helpers.ort_session(ours), ["x"], [x])[0],
                                parity.keras_outputs(model, [x])[0], atol=1e-5)
@@ -131,7 +92,7 @@ def test_a_failing_optimizer_is_skipped_and_its_half_done_work_undone(caplog):
     with caplog.at_level(logging.WARNING, logger="tf2onnx"):
         proto = convert_keras(model, optimizers={"breaking": _breaking_optimizer(), **optimizers})
     assert any("Failed to apply breaking" in r.getMessage() for r in caplog.records), caplog.text
-    assert _structure(proto) == _structure(unbroken)
+    assert helpers.structure(proto) == helpers.structure(unbroken)
     x = _x()
     expected = parity.keras_outputs(model, [x])
     actual = parity.run_onnx(helpers.ort_session(proto), ["x"], [x])

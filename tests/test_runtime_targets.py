@@ -6,8 +6,10 @@ zero initial states) computes what the node or Scan computes, for every op, dire
 package writes; each target's model equals Keras (both flavors, random weights and biases, batch unlike
 time, a mask mixing full, post-padded, pre-padded, holed and empty rows) and holds nothing its runtime's
 row lacks; a dynamic signature is refused in one line naming ``inputs``; the report's "runs in" lines
-follow the table. With a runtime's interpreter named by ``TF2ONNX_RNN_<RUNTIME>_PYTHON`` (CI's runtime
-slice makes one environment per runtime), every target model also runs in its runtime against Keras.
+follow the table; a stateful model over a fixed chunk, fed chunk after chunk, equals Keras over the whole
+sequence, in onnxruntime and (with a runtime's interpreter named by ``TF2ONNX_RNN_<RUNTIME>_PYTHON``: CI's
+runtime slice makes one environment per runtime) in its runtime. Every target's model runs in its runtime,
+and in every other runtime its report names, in ``test_runtime_claims.py``.
 """
 from __future__ import annotations
 
@@ -23,14 +25,14 @@ from onnx import TensorProto, helper, numpy_helper
 
 import helpers
 import parity
+from runtime_models import BATCH, FEATURES, MASKED, MODELS, TARGETS, TIME, UNITS, converted, seed
+from runtime_models import model as _model
 from tf2onnx_rnn import ConversionError, convert_keras, report_of
 from tf2onnx_rnn.rewriters.lower.build import Writer
 from tf2onnx_rnn.rewriters.lower.forward import as_forward_nodes, last_step_as_y_h, zero_initial_states
 from tf2onnx_rnn.rewriters.lower.steps import node_as_steps
 from tf2onnx_rnn.rewriters.runtimes import BY_KEY, RUNTIMES, obstacles
 
-BATCH, TIME, FEATURES, UNITS = 3, 7, 5, 6  # batch unlike time
-TARGETS = ("iree", "tvm", "ncnn", "rknn")
 GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 
 
@@ -107,14 +109,22 @@ def test_a_recurrent_node_as_its_steps_computes_the_node(op, direction, lbr, sta
     _assert_same(before, after, feeds)
 
 
-@pytest.mark.parametrize("activations", [
-    dict(activations=["HardSigmoid", "Relu", "Elu"], activation_alpha=[0.3, 0.0, 1.2], activation_beta=[0.4, 0, 0]),
-    dict(activations=["Affine", "ScaledTanh", "Softsign"], activation_alpha=[0.5, 1.5, 0],
-         activation_beta=[.1, .7, 0]),
-    dict(activations=["LeakyRelu", "Softplus", "Tanh"], activation_alpha=[0.2, 0, 0])],
-    ids=lambda a: a["activations"][0])
-def test_the_steps_apply_the_nodes_activations(activations):
-    model, feeds = _node_model("LSTM", "forward", 2, activations=activations)
+# alpha and beta lists as onnxruntime reads them: consumed in order by the functions that take them
+@pytest.mark.parametrize("direction,activations", [
+    ("forward", dict(activations=["HardSigmoid", "Relu", "Elu"], activation_alpha=[0.3, 0.0],
+                     activation_beta=[0.4])),
+    ("forward", dict(activations=["HardSigmoid", "Tanh", "Elu"], activation_alpha=[0.3, 1.7],
+                     activation_beta=[0.4])),
+    ("forward", dict(activations=["Affine", "ScaledTanh", "Softsign"], activation_alpha=[0.5, 1.5],
+                     activation_beta=[.1, .7])),
+    ("forward", dict(activations=["Sigmoid", "LeakyRelu", "ThresholdedRelu"], activation_alpha=[0.2, 0.3])),
+    ("bidirectional", dict(activations=["HardSigmoid", "Tanh", "Tanh"] * 2, activation_alpha=[1 / 6, 0.2],
+                           activation_beta=[0.5, 0.4])),
+    ("bidirectional", dict(activations=["Sigmoid", "LeakyRelu", "Tanh", "HardSigmoid", "Elu", "Elu"],
+                           activation_alpha=[0.1, 0.3, 0.6, 2.0], activation_beta=[0.45]))],
+    ids=lambda a: a if isinstance(a, str) else "-".join(a["activations"][:3]))
+def test_the_steps_apply_the_nodes_activations(direction, activations):
+    model, feeds = _node_model("LSTM", direction, 2, activations=activations)
     before = onnx.ModelProto()
     before.CopyFrom(model)
     _assert_same(before, _rewritten(model, lambda g, n, c, w: node_as_steps(g, n, TIME, BATCH, c, w)), feeds)
@@ -148,126 +158,8 @@ def test_y_h_taken_from_y_and_zero_states_given_compute_the_node(op, direction):
 
 
 # -- Keras models through each target, in onnxruntime and (where installed) the runtime -------------------
-def _model(K, name: str, seed: int):
-    layers = K.layers
-    x = K.Input(_step_shape(name), name="x")
-    if name == "lstm":
-        y = layers.LSTM(UNITS, return_sequences=True)(x)
-    elif name == "gru_reset_before":
-        y = layers.GRU(UNITS, return_sequences=True, reset_after=False)(x)
-    elif name == "gru":
-        y = layers.GRU(UNITS, return_sequences=True)(x)
-    elif name == "simple_rnn":
-        y = layers.SimpleRNN(UNITS, return_sequences=True)(x)
-    elif name == "go_backwards":
-        y = layers.LSTM(UNITS, go_backwards=True)(x)
-    elif name == "bidirectional_concat":
-        y = layers.Bidirectional(layers.LSTM(UNITS, return_sequences=True))(x)
-    elif name == "bidirectional_gru_sum":
-        y = layers.Bidirectional(layers.GRU(UNITS, return_sequences=True), merge_mode="sum")(x)
-    elif name == "bidirectional_mul_ave":  # two merge modes, stacked
-        h = layers.Bidirectional(layers.SimpleRNN(UNITS, return_sequences=True), merge_mode="mul")(x)
-        y = layers.Bidirectional(layers.GRU(UNITS, reset_after=False), merge_mode="ave")(h)
-    elif name == "bidirectional_none":  # no merge: each direction an output of its own
-        y = layers.Bidirectional(layers.LSTM(UNITS, return_sequences=True), merge_mode=None)(x)
-    elif name == "states_returned":
-        y = layers.LSTM(UNITS, return_sequences=True, return_state=True)(x)
-    elif name == "stack_states":
-        seq, h, c = layers.LSTM(UNITS, return_sequences=True, return_state=True)(x)
-        y = layers.GRU(UNITS)(seq, initial_state=h)
-    elif name == "masked":
-        y = layers.LSTM(UNITS, return_sequences=True)(layers.Masking(0.0)(x))
-    elif name == "masked_bidirectional_gru":
-        y = layers.Bidirectional(layers.GRU(UNITS, return_sequences=True))(layers.Masking(0.0)(x))
-    elif name == "gelu_scan":
-        y = layers.SimpleRNN(UNITS, activation="gelu", return_sequences=True)(x)
-    elif name == "stacked_cells":
-        y = layers.RNN(layers.StackedRNNCells([layers.LSTMCell(UNITS), layers.GRUCell(UNITS)]),
-                       return_sequences=True)(x)
-    elif name == "conv_lstm":
-        y = layers.ConvLSTM2D(3, 3, padding="same", return_sequences=True)(x)
-    model = K.Model(x, list(y) if isinstance(y, (list, tuple)) else y)
-    rng = np.random.default_rng(seed)
-    for weight in model.weights:
-        weight.assign(rng.normal(0, 0.5, tuple(weight.shape)).astype(np.float32))
-    return model
-
-
-# (each model's weights are seeded by its place here: new models go last)
-MODELS = ("lstm", "gru", "gru_reset_before", "simple_rnn", "go_backwards", "bidirectional_concat",
-          "bidirectional_gru_sum", "stack_states", "masked", "masked_bidirectional_gru", "gelu_scan",
-          "stacked_cells", "conv_lstm", "bidirectional_mul_ave", "bidirectional_none", "states_returned")
-MASKED = ("masked", "masked_bidirectional_gru")
-_CONVERTED: dict = {}
-
-
-def _step_shape(name: str) -> tuple:
-    """(time, the shape of one step) of the model's input."""
-    return (TIME, 4, 4, 2) if name == "conv_lstm" else (TIME, FEATURES)
-
-
-def _inputs(name: str) -> np.ndarray:
-    """A batch unlike the time length; a masked model's rows full, post-padded, pre-padded, holed and empty
-    (5 of them), the pre-padded one third: a runtime taking one row at a time (ncnn) gets it alone."""
-    if name in MASKED:
-        x = np.random.default_rng(7).normal(size=(5,) + _step_shape(name)).astype(np.float32)
-        x[1, 5:] = 0
-        x[2, :2] = 0
-        x[3, 2] = x[3, 4] = 0
-        x[4] = 0
-        return x
-    return np.random.default_rng(7).normal(size=(BATCH,) + _step_shape(name)).astype(np.float32)
-
-
-def converted(flavor: str, name: str, target: str):
-    """(the input, the Keras model's outputs, the target's model or the ConversionError), once per process;
-    where ``TF2ONNX_RNN_SHARED_MODELS`` names a folder, once per folder: CI's runtimes slice runs the models
-    its main suite converted."""
-    key = (flavor, name, target)
-    if key not in _CONVERTED:
-        _CONVERTED[key] = _shared(key) or _converted(*key)
-    return _CONVERTED[key]
-
-
-def _converted(flavor: str, name: str, target: str):
-    import tensorflow as tf
-
-    model = _model(parity.keras_module(flavor), name, 11 + MODELS.index(name))
-    x = _inputs(name)
-    if target in BY_KEY and BY_KEY[target].batch_one:  # ncnn: one row at a time, the pre-padded masked one
-        x = x[2:3]
-    want = [np.asarray(o) for o in tf.nest.flatten(model(x, training=False))]
-    try:
-        proto = convert_keras(model, input_signature=[tf.TensorSpec(x.shape, tf.float32, name="x")],
-                              target=target)
-    except ConversionError as error:
-        proto = error
-    folder = os.environ.get("TF2ONNX_RNN_SHARED_MODELS")
-    if folder:
-        os.makedirs(folder, exist_ok=True)
-        stem = os.path.join(folder, "-".join((flavor, name, target)))
-        arrays = {"x": x, **{f"want{k}": w for k, w in enumerate(want)}}
-        arrays["refused"] = np.array(str(proto) if isinstance(proto, ConversionError) else "")
-        if not isinstance(proto, ConversionError):
-            onnx.save(proto, stem + ".onnx")
-        np.savez(stem + ".partial.npz", **arrays)
-        os.replace(stem + ".partial.npz", stem + ".npz")  # the model's file first, then its arrays: whole or absent
-    return x, want, proto
-
-
-def _shared(key: tuple):
-    folder = os.environ.get("TF2ONNX_RNN_SHARED_MODELS")
-    stem = os.path.join(folder, "-".join(key)) if folder else ""
-    if not folder or not os.path.exists(stem + ".npz"):
-        return None
-    stored = np.load(stem + ".npz")
-    want = [stored[f"want{k}"] for k in range(len(stored.files) - 2)]
-    refused = str(stored["refused"])
-    return stored["x"], want, ConversionError(refused) if refused else onnx.load(stem + ".onnx")
-
-
 # what a target refuses, each with the measured reason the refusal names (docs/downstream.md)
-REFUSED = {("ncnn", "conv_lstm"): "takes no input of rank 5"}
+REFUSED = {("ncnn", name): "takes no input of rank 5" for name in ("conv_lstm", "conv_lstm_last")}
 REFUSED.update({("ncnn", name): "crashes ncnn's process or does not load" for name in MASKED})
 
 
@@ -360,27 +252,6 @@ def _python(target: str):
     return python_for(BY_KEY[target])
 
 
-@pytest.mark.parametrize("flavor", parity.FLAVORS)
-@pytest.mark.parametrize("name", MODELS)
-@pytest.mark.parametrize("target", TARGETS)
-def test_a_target_model_equals_keras_in_its_runtime(target, name, flavor, tmp_path):
-    python = _python(target)
-    if python is None:
-        pytest.skip(f"{BY_KEY[target].name} is not installed (set TF2ONNX_RNN_{target.upper()}_PYTHON to an "
-                    f"interpreter that has {BY_KEY[target].package})")
-    if (target, name) in REFUSED:
-        pytest.skip("refused: the test above checks the refusal")
-    x, want, proto = converted(flavor, name, target)
-    from tf2onnx_rnn.runtime_check import RuntimeSession
-
-    session = RuntimeSession(proto, BY_KEY[target], python, str(tmp_path))
-    got = session.run(None, {"x": x})
-    tolerance = max(1e-4, BY_KEY[target].tolerance)
-    assert len(got) == len(want)
-    for g, w in zip(got, want):
-        np.testing.assert_allclose(np.asarray(g).reshape(w.shape), w, rtol=tolerance, atol=tolerance)
-
-
 def test_a_runtime_child_serves_one_run_after_another_and_a_crashed_one_is_replaced(tmp_path):
     """Runs in a runtime share one child process (the runtime imported once); a run the runtime fails on
     is a line and leaves the child serving; one that ends the child is a line too, and the next run gets
@@ -438,6 +309,63 @@ def test_the_portable_form_is_exact_under_onnx_reference_evaluator(name, flavor)
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
     if name.startswith("masked"):
-        default = convert_keras(_model(parity.keras_module(flavor), name, 11 + MODELS.index(name)))
+        default = convert_keras(_model(parity.keras_module(flavor), name, seed(name)))
         note = next(line for line in report_of(default).consumers if line.startswith("warning: ONNX's reference"))
         assert "sequence_lens" in note and "silently wrong" in note and "--target portable" in note, note
+
+
+# -- long sequences: a stateful model over a fixed chunk, fed chunk after chunk ----------------------------
+CHUNK, CHUNKS = 8, 5  # a stream of 40 steps, 8 at a time
+
+
+def _stateful_chunk_model(K):
+    """(a GRU and an LSTM, stateful, over a fixed chunk of one row; the same layers over a whole sequence)"""
+    def stacked(x, stateful):
+        h = K.layers.GRU(UNITS, stateful=stateful, return_sequences=True, name="gru")(x)
+        return K.layers.LSTM(UNITS, stateful=stateful, return_sequences=True, name="lstm")(h)
+
+    chunk = K.Input(batch_shape=(1, CHUNK, FEATURES), name="x")
+    model = K.Model(chunk, stacked(chunk, True))
+    parity.randomize_weights(model, 31)
+    whole = K.Input((None, FEATURES), name="x")
+    twin = K.Model(whole, stacked(whole, False))
+    twin.set_weights(model.get_weights())
+    return model, twin
+
+
+def _chunk_by_chunk(run, names: list, pairs: dict, x: np.ndarray) -> np.ndarray:
+    """Output 0 over ``x``, chunk after chunk, each chunk starting from the states the one before ended with."""
+    states = {name: np.zeros((1, UNITS), np.float32) for name in pairs}
+    outputs = []
+    for k in range(CHUNKS):
+        result = dict(zip(names, run({"x": np.ascontiguousarray(x[:, k * CHUNK:(k + 1) * CHUNK]), **states})))
+        outputs.append(np.asarray(result[names[0]]).reshape(1, CHUNK, UNITS))
+        states = {name: np.asarray(result[output]).reshape(1, UNITS) for name, output in pairs.items()}
+    return np.concatenate(outputs, axis=1)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_stateful_chunk_model_equals_keras_over_the_whole_sequence_in_its_runtime(target, tmp_path):
+    """The road for long and unbounded sequences on the compiled and edge runtimes (docs/downstream.md): a
+    stateful model over a fixed chunk, its states in and out, fed chunk after chunk, gives Keras's outputs
+    over the whole sequence, in onnxruntime and in the runtime."""
+    model, twin = _stateful_chunk_model(parity.keras_module(parity.FLAVORS[0]))
+    proto = convert_keras(model, target=target)
+    rows = report_of(proto).outcomes
+    pairs = {i: o for row in rows for i, o in zip(row.state_inputs, row.state_outputs)}
+    assert len(pairs) == 3 and not obstacles(proto, BY_KEY[target]), (pairs, obstacles(proto, BY_KEY[target]))
+    names = [o.name for o in proto.graph.output]
+    x = np.random.default_rng(5).normal(size=(1, CHUNK * CHUNKS, FEATURES)).astype(np.float32)
+    want = np.asarray(twin(x, training=False))
+    session = helpers.ort_session(proto)
+    np.testing.assert_allclose(_chunk_by_chunk(lambda feeds: session.run(None, feeds), names, pairs, x), want,
+                               rtol=1e-4, atol=1e-5)
+    python = _python(target)
+    if python is None:
+        pytest.skip(f"{BY_KEY[target].name} is not installed (set TF2ONNX_RNN_{target.upper()}_PYTHON)")
+    from tf2onnx_rnn.runtime_check import RuntimeSession
+
+    runtime = RuntimeSession(proto, BY_KEY[target], python, str(tmp_path))
+    tolerance = max(1e-4, BY_KEY[target].tolerance)
+    np.testing.assert_allclose(_chunk_by_chunk(lambda feeds: runtime.run(None, feeds), names, pairs, x), want,
+                               rtol=tolerance, atol=tolerance)

@@ -80,18 +80,18 @@ def fingerprints() -> dict:
     import parity
     import scan_cells
     import test_conv_lstm
-    import test_runtime_targets as runtimes
+    import runtime_models as runtimes
     from tf2onnx_rnn import convert_keras
 
     found = {}
     for flavor in parity.FLAVORS:
         K = parity.keras_module(flavor)
-        for index, name in enumerate(runtimes.MODELS):
-            model = runtimes._model(K, name, 11 + index)
+        for name in runtimes.MODELS:
+            model = runtimes.model(K, name, runtimes.seed(name))
             for form in (None, "portable", "onnxruntime", "training"):
                 found[f"{flavor}/{name}/{form or 'default'}"] = _fingerprint(
                     lambda: convert_keras(model, check_shapes=False, **({"target": form} if form else {})))
-            signature = [tf.TensorSpec((1,) + runtimes._step_shape(name), tf.float32, name="x")]
+            signature = [tf.TensorSpec((1,) + runtimes.step_shape(name), tf.float32, name="x")]
             for target in ("iree", "tvm", "ncnn", "rknn"):
                 found[f"{flavor}/{name}/{target}"] = _fingerprint(
                     lambda: convert_keras(model, input_signature=signature, target=target, check_shapes=False))

@@ -36,6 +36,7 @@ import recurrent_converters  # noqa: E402 - registers the converters
 
 import helpers  # noqa: E402
 import parity  # noqa: E402
+import runtime_models  # noqa: E402
 from downstream_models import (  # noqa: E402
     CASES,
     DEFAULT,
@@ -88,6 +89,23 @@ def test_runs_in_pytorch(case: Case, form: str, flavor: str, downstream_dir):
     except Exception as error:  # noqa: BLE001 - reported with the others
         problems.append(f"onnx2torch failed: {type(error).__name__}: {str(error).splitlines()[0]}")
     assert not problems, f"{case.id}-{form}:\n- " + "\n- ".join(problems)
+
+
+@pytest.mark.parametrize("flavor", parity.FLAVORS)
+@pytest.mark.parametrize("name", runtime_models.MODELS)
+@pytest.mark.parametrize("form", runtime_models.FORMS)
+def test_where_the_report_names_onnx2torch_pytorch_computes_the_model(form: str, name: str, flavor: str):
+    """The claims of the report's "runs in" line for onnx2torch (with these converters for the recurrent
+    nodes, which onnx2torch lacks) hold on the runtime tests' models in every form
+    (``test_runtime_claims.py`` checks the other runtimes' claims on the same models)."""
+    from tf2onnx_rnn import ConversionError, report_of
+
+    x, want, proto = runtime_models.converted(flavor, name, form)
+    if isinstance(proto, ConversionError) or "onnx2torch" not in report_of(proto).runs_in:
+        pytest.skip("the report does not name onnx2torch")
+    problems = parity.output_problems("PyTorch", [f"output {i}" for i in range(len(want))], want,
+                                      run_torch(proto, x), TOLERANCE)[0]
+    assert not problems, f"{form} {name} ({flavor}):\n- " + "\n- ".join(problems)
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c.masked], ids=lambda case: case.id)

@@ -1,0 +1,114 @@
+"""Every claim of the report's "runs in" line holds: each runtime the report names computes the model there.
+
+The runtime tests' 21 Keras models (``runtime_models.py``), both flavors, in every form the report vouches
+for: the default and portable forms at a fixed shape and with the model's own signature (a dynamic batch),
+and each runtime target's form. For each runtime the report says computes the model as ONNX defines it
+(``report.runs_in``), the model runs there and must give Keras's outputs within that runtime's tolerance:
+onnxruntime, OpenVINO (f32), tract and ONNX's reference evaluator in this environment (test extras), IREE,
+TVM, ncnn and rknn where ``TF2ONNX_RNN_<RUNTIME>_PYTHON`` names an interpreter that has them (CI's runtimes
+slice), each in a child process of ``runtime_runs``, the way the runtime's own users run a model. onnx2torch
+is claimed through recurrent converters the user brings: ``tests/pytorch`` checks those claims.
+
+A runtime named but not installed is a skip naming it, unless ``TF2ONNX_RNN_RUNTIMES_REQUIRED`` is set (CI's
+runtimes slice), where it is a failure. A model the report names a runtime for that fails or differs there
+is a failure listing every claim that did not hold.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+import numpy as np
+import pytest
+
+import helpers
+import parity
+from runtime_models import FORMS, MODELS, converted
+from tf2onnx_rnn import ConversionError, report_of
+from tf2onnx_rnn.rewriters.runtimes import BY_KEY
+from tf2onnx_rnn.runtime_check import RuntimeSession, python_for
+
+REQUIRED = "TF2ONNX_RNN_RUNTIMES_REQUIRED"
+ELSEWHERE = {"onnx2torch"}  # claimed with converters the user brings: tests/pytorch runs them
+_RAN: dict = {}  # (the model's structure and input, runtime) -> what running it there found, once per process
+
+
+def _digest(proto, x: np.ndarray) -> str:
+    """The model's structure, whatever its tensors' names (``helpers.structure``: both Keras flavors and several
+    forms write the same graph), and its input: what one run in a runtime answers for."""
+    copy = type(proto)()
+    copy.CopyFrom(proto)
+    del copy.metadata_props[:]
+    text = "\n".join(helpers.structure(copy)) + x.tobytes().hex()
+    return hashlib.sha1(text.encode()).hexdigest()
+
+
+def _ran(digest: str, key: str, run) -> list:
+    """What ``run()`` found, once per model structure and runtime: per process, and across processes in the
+    folder ``TF2ONNX_RNN_SHARED_MODELS`` names (CI's main suite runs the runtimes it has, its runtimes slice
+    the others)."""
+    folder = os.environ.get("TF2ONNX_RNN_SHARED_MODELS")
+    path = os.path.join(folder, "claims", f"{digest}-{key}.json") if folder else ""
+    if (digest, key) not in _RAN and path and os.path.exists(path):
+        with open(path) as handle:
+            _RAN[digest, key] = json.load(handle)
+    if (digest, key) not in _RAN:
+        _RAN[digest, key] = found = run()
+        if path and not (found and found[0].startswith("not installed")):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path + ".partial", "w") as handle:
+                json.dump(found, handle)
+            os.replace(path + ".partial", path)
+    return _RAN[digest, key]
+
+
+def _problems(key: str, proto, x: np.ndarray, want: list, work: str) -> list:
+    """What running ``proto`` in ``key``'s runtime found against Keras's outputs (empty: it holds)."""
+    row = BY_KEY[key]
+    if key == "onnxruntime":
+        got = helpers.ort_session(proto).run(None, {"x": x})
+    else:
+        python = python_for(row)
+        if python is None:
+            return [f"not installed: {row.name} ({row.package})"]
+        try:
+            got = RuntimeSession(proto, row, python, work).run(None, {"x": x})
+        except RuntimeError as error:
+            return [f"{row.name} fails: {error}"]
+    tolerance = max(1e-4, row.tolerance)
+    if len(got) != len(want):
+        return [f"{row.name} gives {len(got)} outputs, Keras {len(want)}"]
+    found = []
+    for k, (g, w) in enumerate(zip(got, want)):
+        g = np.asarray(g)
+        if g.size != w.size:
+            found.append(f"{row.name}: output {k} has shape {list(g.shape)}, Keras {list(w.shape)}")
+        elif not np.allclose(g.reshape(w.shape), w, rtol=tolerance, atol=tolerance):
+            error = float(np.nanmax(np.abs(g.reshape(w.shape) - w))) if np.isfinite(g).all() else float("nan")
+            found.append(f"{row.name}: output {k} is {error:.3g} off (tolerance {tolerance:g}): silently wrong")
+    return found
+
+
+@pytest.mark.parametrize("flavor", parity.FLAVORS)
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("form", FORMS)
+def test_every_runtime_the_report_names_computes_the_model_in_its_runtime(form, name, flavor, tmp_path):
+    """Each target's form is named for its own runtime (test_runtime_targets checks that): this runs it there."""
+    x, want, proto = converted(flavor, name, form)
+    if isinstance(proto, ConversionError):
+        pytest.skip(f"refused: {proto} (test_runtime_targets checks the refusals)")
+    named = [key for key in report_of(proto).runs_in if key not in ELSEWHERE]
+    assert "onnxruntime" in named, report_of(proto).consumers
+    digest, failures, missing = _digest(proto, x), [], []
+    for key in named:
+        def run(key=key):
+            return _problems(key, proto, x, want, str(tmp_path))
+
+        found = run() if key == "onnxruntime" else _ran(digest, key, run)
+        (missing if found and found[0].startswith("not installed") else failures).extend(found)
+    assert not failures, f"{form} {name} ({flavor}): the report names {', '.join(named)}:\n- " + "\n- ".join(failures)
+    if missing and os.environ.get(REQUIRED):
+        pytest.fail("; ".join(missing))
+    if missing:
+        pytest.skip("; ".join(missing) + " (TF2ONNX_RNN_<RUNTIME>_PYTHON names an interpreter that has it)")
