@@ -54,6 +54,7 @@ class Runtime:
     shared_weights: bool = True  # maps a MatMul whose constant weight other MatMuls read too
     batch_one: bool = False  # computes one batch row at a time (its tensors have no batch axis)
     computed_gemm_bias: bool = True  # computes a Gemm whose C input is not a constant
+    unsized_split: bool = True  # computes a Split whose sizes are not given (equal parts)
     max_input_rank: int = 0  # the highest rank of an input it takes (0: any)
     masks: str = ""  # why it computes no masked layer in any form this package writes ("": it computes them)
     recurrent_read_as: str = ""  # how a recurrent node's Y must be read to be mapped (ncnn), else ""
@@ -105,19 +106,19 @@ RUNTIMES = (
          measured="Relax's ONNX frontend has no LSTM, GRU, RNN, Scan, Loop or ReverseSequence converter"),
     _row("ncnn", "ncnn 1.0.20261020 through pnnx 20261020", "ncnn",
          recurrent={op: frozenset({FORWARD}) for op in RECURRENT_OPS}, given_states=False, shared_weights=False,
-         batch_one=True, computed_gemm_bias=False, max_input_rank=4,
-         masks="a masked layer's step-by-step mask, in float ops, crashes ncnn's process or does not load (measured)",
+         batch_one=True, computed_gemm_bias=False, max_input_rank=4, unsized_split=False,
          gru_linear_before_reset_0=False, reads_y_h=frozenset(), reads_y_c=False, sequence_lens="none",
          scan="none", lacks=_LOOPING | _MASK_BOOLS | {"ReverseSequence", "If", "ScatterND", "GatherND", "CumSum",
-                                                      "ReduceMax", "ReduceMin"},
+                                                      "GatherElements"},
          negative_step_slice="dropped", static_shapes=True, recurrent_read_as="squeezed", package="ncnn",
          measured="a forward recurrent node is mapped only when its Y alone is read, by a Squeeze of axis 1, "
                   "and no initial state is given; a bidirectional node as written and GRU linear_before_reset=0 "
                   "not mapped; a MatMul whose weight other MatMuls share, or a Gemm whose C is computed, is left "
                   "unmapped (F.linear); its blobs "
                   "have no batch axis, and a 5-D input (ConvLSTM2D's) does not load; a Slice with step -1 is "
-                  "silently dropped; a ReduceMax over a batched input does not load; no Scan, If, Loop, "
-                  "ReverseSequence or the mask's bool ops"),
+                  "silently dropped; a Split without its sizes becomes a Slice without them, which ends the "
+                  "process; no GatherElements, Scan, If, Loop, ReverseSequence or the mask's bool ops; a masked "
+                  "layer as its own step with its mask as float 0/1 arithmetic computes exactly"),
     _row("rknn", "rknn-toolkit2 2.5 simulator (rk3588, float16)", "rknn",
          reads_y_h=frozenset({"LSTM", "RNN"}), initial_states_needed=frozenset({"LSTM"}), sequence_lens="none",
          scan="none", lacks=_LOOPING | {"If", "ReverseSequence"} | _MASK_BOOLS, static_shapes=True,
@@ -193,7 +194,7 @@ def node_obstacles(node: onnx.NodeProto, row: Runtime, constants: dict, static: 
     if node.domain not in ("", "ai.onnx"):
         return []
     if node.op_type in row.lacks:
-        kind = {"ReverseSequence": "reversal", "ReduceMax": "reduce", "ReduceMin": "reduce"}.get(
+        kind = {"ReverseSequence": "reversal", "GatherElements": "gather"}.get(
             node.op_type, "bool" if node.op_type in _MASK_BOOLS else "op")
         return [Obstacle(name, f"has no {node.op_type}", kind=kind)]
     if node.op_type in RECURRENT_OPS:
@@ -208,6 +209,9 @@ def node_obstacles(node: onnx.NodeProto, row: Runtime, constants: dict, static: 
     if node.op_type == "Gemm" and not row.computed_gemm_bias and len(node.input) > 2 and node.input[2] \
             and node.input[2] not in constants:
         return [Obstacle(name, "has no Gemm whose C is computed", kind="gemm")]
+    if node.op_type == "Split" and not row.unsized_split and not slot(node.input, 1) \
+            and attribute(node, "split") is None:
+        return [Obstacle(name, "crashes on a Split whose sizes are not given", kind="split")]
     if node.op_type == "Slice" and row.negative_step_slice == "dropped" and _negative_step(node, constants):
         return [Obstacle(name, "drops a Slice with step -1", True, "slice")]
     return []

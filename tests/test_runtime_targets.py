@@ -147,6 +147,30 @@ def test_y_h_taken_from_y_and_zero_states_given_compute_the_node(op, direction):
     _assert_same(before, after, feeds)
 
 
+def test_the_op_rungs_compute_the_ops_they_replace():
+    """An unsized Split given its sizes, and a GatherElements reversing an axis as its pieces concatenated."""
+    from tf2onnx_rnn.rewriters.lower.op_rungs import OP_RUNGS
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [TIME, BATCH, 2 * UNITS])
+    index = np.broadcast_to(np.arange(TIME)[::-1, None, None], (TIME, BATCH, UNITS)).astype(np.int64)
+    graph = helper.make_graph(
+        [helper.make_node("Split", ["x"], ["a", "b"], axis=2),
+         helper.make_node("GatherElements", ["a", "index"], ["y"], axis=0)], "g", [x],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in ("y", "b")],
+        [numpy_helper.from_array(index, "index")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    feeds = {"x": np.random.default_rng(5).normal(size=(TIME, BATCH, 2 * UNITS)).astype(np.float32)}
+    before = onnx.ModelProto()
+    before.CopyFrom(model)
+    shapes = {"x": [TIME, BATCH, 2 * UNITS], "a": [TIME, BATCH, UNITS]}
+    for node, kind in zip(list(model.graph.node), ("split", "gather")):
+        OP_RUNGS[node.op_type, kind](node, shapes, {"index": index}, Writer(model.graph, 17))
+    assert not helpers.nodes_of_types(model, ["GatherElements"])
+    assert all(len(n.input) == 2 for n in helpers.nodes_of_types(model, ["Split"]))
+    _assert_same(before, model, feeds)
+
+
 # -- Keras models through each target, in onnxruntime and (where installed) the runtime -------------------
 def _model(K, name: str, seed: int):
     layers = K.layers
@@ -268,7 +292,6 @@ def _shared(key: tuple):
 
 # what a target refuses, each with the measured reason the refusal names (docs/downstream.md)
 REFUSED = {("ncnn", "conv_lstm"): "takes no input of rank 5"}
-REFUSED.update({("ncnn", name): "crashes ncnn's process or does not load" for name in MASKED})
 
 
 @pytest.mark.parametrize("flavor", parity.FLAVORS)
