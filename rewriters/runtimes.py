@@ -57,7 +57,9 @@ class Runtime:
     unsized_split: bool = True  # computes a Split whose sizes are not given (equal parts)
     max_input_rank: int = 0  # the highest rank of an input it takes (0: any)
     masks: str = ""  # why it computes no masked layer in any form this package writes ("": it computes them)
-    recurrent_read_as: str = ""  # how a recurrent node's Y must be read to be mapped (ncnn), else ""
+    # how a recurrent node's Y must be read to be mapped, else "": "squeezed" (ncnn): a forward node's by one Squeeze
+    # of axis 1, a bidirectional node's by one Transpose(0, 2, 1, 3) and one Reshape to [T, B, 2H]
+    recurrent_read_as: str = ""
     tolerance: float = 1e-4  # relative error its arithmetic allows against the source (float16: more)
     package: str = ""  # the Python package that runs it (verification in the runtime)
     # the obstacles' kinds its target's form removes (None: every one it can, refusing the rest in one line)
@@ -105,14 +107,17 @@ RUNTIMES = (
          lacks=_LOOPING | {"ReverseSequence"}, static_shapes=True, package="tvm",
          measured="Relax's ONNX frontend has no LSTM, GRU, RNN, Scan, Loop or ReverseSequence converter"),
     _row("ncnn", "ncnn 1.0.20261020 through pnnx 20261020", "ncnn",
-         recurrent={op: frozenset({FORWARD}) for op in RECURRENT_OPS}, given_states=False, shared_weights=False,
+         recurrent={"LSTM": frozenset({FORWARD, BIDIRECTIONAL}), "GRU": frozenset({FORWARD, BIDIRECTIONAL}),
+                    "RNN": frozenset({FORWARD})}, given_states=False, shared_weights=False,
          batch_one=True, computed_gemm_bias=False, max_input_rank=4, unsized_split=False,
          gru_linear_before_reset_0=False, reads_y_h=frozenset(), reads_y_c=False, sequence_lens="none",
          scan="none", lacks=_LOOPING | _MASK_BOOLS | {"ReverseSequence", "If", "ScatterND", "GatherND", "CumSum",
                                                       "GatherElements"},
          negative_step_slice="dropped", static_shapes=True, recurrent_read_as="squeezed", package="ncnn",
          measured="a forward recurrent node is mapped only when its Y alone is read, by a Squeeze of axis 1, "
-                  "and no initial state is given; a bidirectional node as written and GRU linear_before_reset=0 "
+                  "and no initial state is given; a bidirectional LSTM or GRU is mapped to ncnn's own "
+                  "bidirectional layer only when its Y alone is read, by a Transpose(0, 2, 1, 3) and a Reshape to "
+                  "[T, B, 2H]; a bidirectional RNN (its layer does not load) and GRU linear_before_reset=0 "
                   "not mapped; a MatMul whose weight other MatMuls share, or a Gemm whose C is computed, is left "
                   "unmapped (F.linear); its blobs "
                   "have no batch axis, and a 5-D input (ConvLSTM2D's) does not load; a Slice with step -1 is "
@@ -241,10 +246,13 @@ def _recurrent(node, row: Runtime, constants: dict, readers: dict, name: str) ->
         found.append(Obstacle(name, f"fails on a read Y_h of {op}", kind="y_h"))
     if op == "LSTM" and slot(node.output, Y_C) and slot(node.output, Y_C) in readers and not row.reads_y_c:
         found.append(Obstacle(name, "fails on a read Y_c of LSTM", kind="op"))
-    squeezed = _squeezed(node.output[Y], readers, constants)
-    if row.recurrent_read_as == "squeezed" and direction == FORWARD and not squeezed:
+    if row.recurrent_read_as == "squeezed" and direction == FORWARD and not _squeezed(node.output[Y], readers,
+                                                                                          constants):
         found.append(Obstacle(name, f"maps {op} only when its Y alone is read, by a Squeeze of its axis 1",
                               kind="y_h"))
+    if row.recurrent_read_as == "squeezed" and direction == BIDIRECTIONAL and not _merged(node, readers, constants):
+        found.append(Obstacle(name, f"maps a bidirectional {op} only when its Y alone is read, by a Transpose(0, 2, "
+                                    "1, 3) and a Reshape to [T, B, 2H]", kind="y_h"))
     if not row.given_states and any(slot(node.input, s) for s in (INITIAL_H, INITIAL_C)):
         found.append(Obstacle(name, f"maps {op} only without initial states", kind="given_states"))
     if op in row.initial_states_needed and not slot(node.input, INITIAL_H):
@@ -316,6 +324,26 @@ def _squeezed(y: str, readers: dict, constants: dict) -> bool:
     """A recurrent node's Y read once, by a Squeeze of axis 1 (its axes given as an attribute or a constant)."""
     found = readers.get(y, []) if y else []
     return len(found) == 1 and squeezes_axis_1(found[0], constants)
+
+
+def merges_directions(transpose: Optional[onnx.NodeProto], reshape: Optional[onnx.NodeProto], hidden: int,
+                      constants: dict) -> bool:
+    """Whether ``transpose`` then ``reshape`` read a bidirectional Y [T, 2, B, H] as [T, B, 2H]."""
+    if transpose is None or reshape is None or transpose.op_type != "Transpose" or reshape.op_type != "Reshape":
+        return False
+    shape = constants.get(reshape.input[1]) if len(reshape.input) > 1 else None
+    return list(attribute(transpose, "perm", [])) == [0, 2, 1, 3] and shape is not None and \
+        np.size(shape) == 3 and int(np.ravel(shape)[2]) == 2 * hidden and all(int(d) > 0 for d in np.ravel(shape))
+
+
+def _merged(node: onnx.NodeProto, readers: dict, constants: dict) -> bool:
+    """A bidirectional node's Y read once, by a Transpose(0, 2, 1, 3) read once, by a Reshape to [T, B, 2H]."""
+    found = readers.get(node.output[Y], []) if node.output and node.output[Y] else []
+    if len(found) != 1 or found[0] is None or not found[0].output:
+        return False
+    after = readers.get(found[0].output[0], [])
+    return len(after) == 1 and merges_directions(found[0], after[0], int(attribute(node, "hidden_size", 0)),
+                                                 constants)
 
 
 def _static_inputs(model_proto: onnx.ModelProto) -> bool:

@@ -25,9 +25,9 @@ import helpers
 import parity
 from tf2onnx_rnn import ConversionError, convert_keras, report_of
 from tf2onnx_rnn.rewriters.lower.build import Writer
-from tf2onnx_rnn.rewriters.lower.forward import as_forward_nodes, last_step_as_y_h, zero_initial_states
+from tf2onnx_rnn.rewriters.lower.forward import as_forward_nodes, last_step_as_y_h, read_merged, zero_initial_states
 from tf2onnx_rnn.rewriters.lower.steps import node_as_steps
-from tf2onnx_rnn.rewriters.runtimes import BY_KEY, RUNTIMES, obstacles
+from tf2onnx_rnn.rewriters.runtimes import BIDIRECTIONAL, BY_KEY, RUNTIMES, obstacles
 
 BATCH, TIME, FEATURES, UNITS = 3, 7, 5, 6  # batch unlike time
 TARGETS = ("iree", "tvm", "ncnn", "rknn")
@@ -145,6 +145,32 @@ def test_y_h_taken_from_y_and_zero_states_given_compute_the_node(op, direction):
     (node,) = helpers.nodes_of_types(after, [op])
     assert node.input[5]
     _assert_same(before, after, feeds)
+
+
+@pytest.mark.parametrize("op", ("LSTM", "GRU"))
+def test_a_bidirectional_node_read_merged_computes_the_node(op):
+    """Y read as [T, B, 2H] (ncnn's own bidirectional layer): each direction's Slice and Squeeze a part of it,
+    another reader (a Neg) the [T, 2, B, H] made back, Y_h the halves' last and first steps."""
+    model, feeds = _node_model(op, "bidirectional", 6)
+    graph = model.graph
+    y = graph.output[0].name
+    axes = [numpy_helper.from_array(np.array([v], np.int64), f"c{v}") for v in (0, 1, 2)]
+    graph.initializer.extend(axes)
+    for d in (0, 1):
+        graph.node.extend([helper.make_node("Slice", [y, f"c{d}", f"c{d + 1}", "c1"], [f"s{d}"]),
+                           helper.make_node("Squeeze", [f"s{d}", "c1"], [f"part{d}"])])
+    graph.node.append(helper.make_node("Neg", [y], ["negated"]))
+    kept = [o for o in graph.output if o.name != y]
+    del graph.output[:]
+    graph.output.extend(kept + [helper.make_tensor_value_info(n, TensorProto.FLOAT, None)
+                                for n in ("part0", "part1", "negated")])
+    before = onnx.ModelProto()
+    before.CopyFrom(model)
+    _rewritten(model, lambda g, n, c, w: read_merged(
+        g, n, {t.name: numpy_helper.to_array(t) for t in g.initializer}, [TIME, BATCH, FEATURES], w))
+    (node,) = helpers.nodes_of_types(model, [op])
+    assert (len(node.output) == 1 or not node.output[1]) and not helpers.nodes_of_types(model, ["Squeeze"])
+    _assert_same(before, model, feeds)
 
 
 def test_the_op_rungs_compute_the_ops_they_replace():
@@ -315,6 +341,19 @@ def test_a_target_model_equals_keras_and_holds_nothing_its_runtime_lacks(target,
     report = report_of(proto)
     assert report.consumers[0].startswith("runs in, as ONNX defines it:") and target in report.consumers[0], \
         report.table()
+
+
+@pytest.mark.parametrize("name", ("bidirectional_concat", "bidirectional_gru_sum", "bidirectional_none"))
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_bidirectional_layer_stays_one_node_where_its_runtime_maps_one(target, name):
+    """ncnn's own bidirectional LSTM and GRU layers (its Y read merged, [T, B, 2H]), IREE's LSTM, rknn's."""
+    _, _, proto = converted(parity.FLAVORS[0], name, target)
+    op = "GRU" if "gru" in name else "LSTM"
+    nodes = helpers.nodes_of_types(proto, [op])
+    if BIDIRECTIONAL in BY_KEY[target].recurrent.get(op, ()):
+        assert [helpers.direction_of(n) for n in nodes] == [BIDIRECTIONAL], helpers.op_counts(proto)
+    else:
+        assert BIDIRECTIONAL not in {helpers.direction_of(n) for n in nodes}, helpers.op_counts(proto)
 
 
 @pytest.mark.parametrize("target", TARGETS)

@@ -20,6 +20,7 @@ import numpy as np
 import onnx
 
 from ..runtimes import (
+    BIDIRECTIONAL,
     FORWARD,
     INITIAL_C,
     INITIAL_H,
@@ -39,6 +40,7 @@ from .forward import (
     as_forward_nodes,
     drop_zero_states,
     last_step_as_y_h,
+    read_merged,
     read_through_squeeze,
     zero_initial_states,
     zero_states_given,
@@ -157,7 +159,10 @@ def _one_rung(graph, node, found: list, row: Runtime, shapes: dict, constants: d
         as_forward_nodes(graph, node, constants.get, w)
         return "forward nodes, each backward pass over its input reversed"
     if kinds <= {"y_h", "initial_states"} and row.recurrent_read_as == "squeezed":
-        read_through_squeeze(graph, node, constants, w)
+        if attribute(node, "direction", FORWARD) == BIDIRECTIONAL:
+            read_merged(graph, node, constants, shapes.get(node.input[0]) or [0, 0], w)
+        else:
+            read_through_squeeze(graph, node, constants, w)
         return True
     if kinds <= {"y_h", "initial_states"}:
         last_step_as_y_h(graph, node, w)
