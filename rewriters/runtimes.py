@@ -55,6 +55,7 @@ class Runtime:
     batch_one: bool = False  # computes one batch row at a time (its tensors have no batch axis)
     computed_gemm_bias: bool = True  # computes a Gemm whose C input is not a constant
     unsized_split: bool = True  # computes a Split whose sizes are not given (equal parts)
+    batched_conv: bool = True  # computes a Conv over several images at once (its input's axis 0 over 1)
     max_input_rank: int = 0  # the highest rank of an input it takes (0: any)
     masks: str = ""  # why it computes no masked layer in any form this package writes ("": it computes them)
     # how a recurrent node's Y must be read to be mapped, else "": "squeezed" (ncnn): a forward node's by one Squeeze
@@ -109,7 +110,7 @@ RUNTIMES = (
     _row("ncnn", "ncnn 1.0.20261020 through pnnx 20261020", "ncnn",
          recurrent={"LSTM": frozenset({FORWARD, BIDIRECTIONAL}), "GRU": frozenset({FORWARD, BIDIRECTIONAL}),
                     "RNN": frozenset({FORWARD})}, given_states=False, shared_weights=False,
-         batch_one=True, computed_gemm_bias=False, max_input_rank=4, unsized_split=False,
+         batch_one=True, computed_gemm_bias=False, max_input_rank=5, unsized_split=False, batched_conv=False,
          gru_linear_before_reset_0=False, reads_y_h=frozenset(), reads_y_c=False, sequence_lens="none",
          scan="none", lacks=_LOOPING | _MASK_BOOLS | {"ReverseSequence", "If", "ScatterND", "GatherND", "CumSum",
                                                       "GatherElements"},
@@ -119,8 +120,11 @@ RUNTIMES = (
                   "bidirectional layer only when its Y alone is read, by a Transpose(0, 2, 1, 3) and a Reshape to "
                   "[T, B, 2H]; a bidirectional RNN (its layer does not load) and GRU linear_before_reset=0 "
                   "not mapped; a MatMul whose weight other MatMuls share, or a Gemm whose C is computed, is left "
-                  "unmapped (F.linear); its blobs "
-                  "have no batch axis, and a 5-D input (ConvLSTM2D's) does not load; a Slice with step -1 is "
+                  "unmapped (F.linear); its blobs have no batch axis and at most 4 axes beside it (w, h, d, c); "
+                  "pnnx takes axis 0 of what a Conv reads and writes for that batch axis: a Conv over several "
+                  "images at once (ConvLSTM2D's input convolution over every step) does not load, a Squeeze of "
+                  "that axis is dropped, a Concat along it leaves a 5-D output ncnn cannot hold; a Slice with "
+                  "step -1 is "
                   "silently dropped; a Split without its sizes becomes a Slice without them, which ends the "
                   "process; no GatherElements, Scan, If, Loop, ReverseSequence or the mask's bool ops; a masked "
                   "layer as its own step with its mask as float 0/1 arithmetic computes exactly"),
@@ -175,6 +179,7 @@ def obstacles(model_proto: onnx.ModelProto, row: Runtime) -> list:
     constants: dict = {}
     found: list = []
     static = _static_inputs(model_proto)
+    shapes = static_shapes(model_proto) if not row.batched_conv else None
     whole = readers_of(model_proto.graph)
     readers: dict = {}  # id of a graph -> what reads each name, its own outputs read by None
     for graph, node in _nodes(model_proto.graph):
@@ -182,7 +187,8 @@ def obstacles(model_proto: onnx.ModelProto, row: Runtime) -> list:
             constants.update(constant_values(graph))
             readers[id(graph)] = {**whole, **{o.name: whole.get(o.name, []) + [None] for o in graph.output}} \
                 if graph is not model_proto.graph else whole
-        found.extend(node_obstacles(node, row, constants, static, readers[id(graph)]))
+        found.extend(node_obstacles(node, row, constants, static, readers[id(graph)],
+                                    shapes if graph is model_proto.graph else None))
     ranks = [len(i.type.tensor_type.shape.dim) for i in model_proto.graph.input]
     if row.max_input_rank and max(ranks, default=0) > row.max_input_rank:
         found.insert(0, Obstacle("inputs", f"takes no input of rank {max(ranks)}", kind="rank"))
@@ -192,9 +198,11 @@ def obstacles(model_proto: onnx.ModelProto, row: Runtime) -> list:
     return found
 
 
-def node_obstacles(node: onnx.NodeProto, row: Runtime, constants: dict, static: bool, readers: dict) -> list:
+def node_obstacles(node: onnx.NodeProto, row: Runtime, constants: dict, static: bool, readers: dict,
+                   shapes: Optional[dict] = None) -> list:
     """The obstacles of one node (``constants``: name -> value of the constants it may read; ``readers``:
-    name -> the nodes that read it, None for a graph output)."""
+    name -> the nodes that read it, None for a graph output; ``shapes``: name -> its static dimensions, where
+    the row asks for them)."""
     name = node.name or node.output[0]
     if node.domain not in ("", "ai.onnx"):
         return []
@@ -214,6 +222,9 @@ def node_obstacles(node: onnx.NodeProto, row: Runtime, constants: dict, static: 
     if node.op_type == "Gemm" and not row.computed_gemm_bias and len(node.input) > 2 and node.input[2] \
             and node.input[2] not in constants:
         return [Obstacle(name, "has no Gemm whose C is computed", kind="gemm")]
+    if node.op_type == "Conv" and not row.batched_conv and ((shapes or {}).get(node.input[0]) or [0])[0] > 1:
+        return [Obstacle(name, "takes a Conv's axis 0 for the batch axis its blobs lack: a Conv over several "
+                               "images at once does not load", kind="batched")]
     if node.op_type == "Split" and not row.unsized_split and not slot(node.input, 1) \
             and attribute(node, "split") is None:
         return [Obstacle(name, "crashes on a Split whose sizes are not given", kind="split")]
@@ -344,6 +355,23 @@ def _merged(node: onnx.NodeProto, readers: dict, constants: dict) -> bool:
     after = readers.get(found[0].output[0], [])
     return len(after) == 1 and merges_directions(found[0], after[0], int(attribute(node, "hidden_size", 0)),
                                                  constants)
+
+
+def static_shapes(model_proto: onnx.ModelProto) -> dict:
+    """name -> its dimensions (an int, or None where not static), by ONNX's shape inference (the main graph's)."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model_proto, data_prop=True)
+    except Exception:  # noqa: BLE001 - without inference, only the declared shapes are known
+        inferred = model_proto
+    found = {}
+    graph = inferred.graph
+    for value in list(graph.input) + list(graph.value_info) + list(graph.output):
+        if value.type.tensor_type.HasField("shape"):
+            found[value.name] = [d.dim_value if d.HasField("dim_value") else None
+                                 for d in value.type.tensor_type.shape.dim]
+    for tensor in graph.initializer:
+        found[tensor.name] = list(tensor.dims)
+    return found
 
 
 def _static_inputs(model_proto: onnx.ModelProto) -> bool:

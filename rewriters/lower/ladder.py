@@ -32,6 +32,7 @@ from ..runtimes import (
     node_obstacles,
     obstacles,
     readers_of,
+    static_shapes,
 )
 from .build import Writer, names_of
 from .float_masks import bools_as_floats
@@ -46,6 +47,7 @@ from .forward import (
     zero_states_given,
 )
 from .op_rungs import OP_RUNGS
+from .per_step import convolution_per_step, merged_transposes
 from .scan_steps import scan_as_steps
 from .steps import CannotLower, node_as_steps
 
@@ -73,15 +75,15 @@ def lower_for(model_proto: onnx.ModelProto, row: Runtime) -> Lowered:
     reasons: list = []
     done, origin = Lowered(), {}  # origin: a node a rung made -> the written model's node it computes
     try:
-        fold_static(model_proto, _shapes(model_proto))
+        fold_static(model_proto, static_shapes(model_proto))
     except Exception as error:  # noqa: BLE001 - folding only simplifies: the graph stays as it was
         done.errors.append(_contained("folding fixed shapes", error))
     for _ in range(_ROUNDS):
-        shapes, constants = _shapes(model_proto), constant_values(graph)
+        shapes, constants = static_shapes(model_proto), constant_values(graph)
         changed = _parts_read_straight(graph, shapes, constants) > 0
         readers = readers_of(graph)  # read again after each rung: a rung rewrites what reads what
         for node in list(graph.node):
-            found = node_obstacles(node, row, constants, True, readers)
+            found = node_obstacles(node, row, constants, True, readers, shapes)
             if not found:
                 continue
             w = Writer(graph, opset, names_of(graph))
@@ -105,6 +107,8 @@ def lower_for(model_proto: onnx.ModelProto, row: Runtime) -> Lowered:
             bools_as_floats(model_proto, opset)
         except CannotLower as error:
             reasons.append(Obstacle("mask", f"cannot write its bool arithmetic in float ops: {error}"))
+    if row.batch_one:  # the size-1 batch axis kept first through moves of axes, where pnnx looks for it
+        merged_transposes(graph, static_shapes(model_proto))
     _lean_nodes(graph, row, constant_values(graph))
     if not row.shared_weights:
         unshared_weights(graph)
@@ -135,6 +139,8 @@ def _one_rung(graph, node, found: list, row: Runtime, shapes: dict, constants: d
     """Move ``node`` one rung down for what ``found`` names: whether the graph changed (a str naming the
     rung where the node is no longer computed by a node of its own kind and name, else True or "")."""
     kinds = {o.kind for o in found}
+    if node.op_type == "Conv" and kinds == {"batched"}:
+        return convolution_per_step(graph, node, shapes, constants, w)
     rung = OP_RUNGS.get((node.op_type, next(iter(kinds)))) if len(kinds) == 1 else None
     if rung is not None:
         return rung(node, shapes, constants, w)
@@ -144,7 +150,7 @@ def _one_rung(graph, node, found: list, row: Runtime, shapes: dict, constants: d
     if node.op_type == "Scan":
         if not steps:
             raise CannotLower("its Scan needs a fixed number of steps: give the inputs fixed shapes")
-        scan_as_steps(graph, node, steps, w)
+        scan_as_steps(graph, node, steps, w, beside_batch=row.batch_one)
         return f"its {steps} steps written out"
     if node.op_type not in RECURRENT_OPS:
         return ""
@@ -280,23 +286,6 @@ def _time_and_batch(node, shapes: dict) -> tuple:
         return (shape[axis] if len(shape) > axis and shape[axis] else 0), 0
     shape = shapes.get(node.input[0]) or []
     return (shape[0] or 0 if shape else 0), (shape[1] or 0 if len(shape) > 1 else 0)
-
-
-def _shapes(model_proto: onnx.ModelProto) -> dict:
-    """name -> its dimensions (an int, or None where not static), by ONNX's shape inference."""
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model_proto, data_prop=True)
-    except Exception:  # noqa: BLE001 - without inference, only the declared shapes are known
-        inferred = model_proto
-    found = {}
-    graph = inferred.graph
-    for value in list(graph.input) + list(graph.value_info) + list(graph.output):
-        if value.type.tensor_type.HasField("shape"):
-            found[value.name] = [d.dim_value if d.HasField("dim_value") else None
-                                 for d in value.type.tensor_type.shape.dim]
-    for tensor in graph.initializer:
-        found[tensor.name] = list(tensor.dims)
-    return found
 
 
 def check(model_proto: onnx.ModelProto, row: Runtime) -> Optional[Obstacle]:
