@@ -179,7 +179,8 @@ def obstacles(model_proto: onnx.ModelProto, row: Runtime) -> list:
     constants: dict = {}
     found: list = []
     static = _static_inputs(model_proto)
-    shapes = static_shapes(model_proto) if not row.batched_conv else None
+    convs = not row.batched_conv and any(n.op_type == "Conv" for n in model_proto.graph.node)
+    shapes = static_shapes(model_proto) if convs else None  # shape inference only where a fact asks for it
     whole = readers_of(model_proto.graph)
     readers: dict = {}  # id of a graph -> what reads each name, its own outputs read by None
     for graph, node in _nodes(model_proto.graph):
