@@ -17,8 +17,9 @@ How each runtime is driven (docs/downstream.md names the versions measured):
   ``iree.runtime`` on the ``local-task`` driver;
 - ``tvm``: Relax's ONNX frontend (``from_onnx`` with the feeds' shapes), ``tvm.compile`` for ``llvm``,
   run on Relax's virtual machine;
-- ``ncnn``: ``pnnx`` writes the ncnn param and bin files for the feeds' shapes (``fp16=0``), run with
-  ``ncnn.Net``; ncnn's blobs have no batch axis, so each batch row is run on its own, as ncnn's users do;
+- ``ncnn``: ``pnnx`` writes the ncnn param and bin files for one batch row's shapes (``fp16=0``), run with
+  ``ncnn.Net``; ncnn's blobs have no batch axis, so each batch row is run on its own, as ncnn's users do,
+  fed as the ``model_ncnn.py`` pnnx writes feeds it (the batch axis pnnx found dropped, a Mat of its own);
 - ``rknn``: rknn-toolkit2 builds for ``rk3588`` without quantization and runs its simulator (float16).
 """
 from __future__ import annotations
