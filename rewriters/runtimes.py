@@ -56,6 +56,7 @@ class Runtime:
     computed_gemm_bias: bool = True  # computes a Gemm whose C input is not a constant
     unsized_split: bool = True  # computes a Split whose sizes are not given (equal parts)
     batched_conv: bool = True  # computes a Conv over several images at once (its input's axis 0 over 1)
+    empty_concat: bool = True  # computes a Concat one of whose inputs is an empty constant
     max_input_rank: int = 0  # the highest rank of an input it takes (0: any)
     masks: str = ""  # why it computes no masked layer in any form this package writes ("": it computes them)
     # how a recurrent node's Y must be read to be mapped, else "": "squeezed" (ncnn): a forward node's by one Squeeze
@@ -111,6 +112,7 @@ RUNTIMES = (
          recurrent={"LSTM": frozenset({FORWARD, BIDIRECTIONAL}), "GRU": frozenset({FORWARD, BIDIRECTIONAL}),
                     "RNN": frozenset({FORWARD})}, given_states=False, shared_weights=False,
          batch_one=True, computed_gemm_bias=False, max_input_rank=5, unsized_split=False, batched_conv=False,
+         empty_concat=False,
          gru_linear_before_reset_0=False, reads_y_h=frozenset(), reads_y_c=False, sequence_lens="none",
          scan="none", lacks=_LOOPING | _MASK_BOOLS | {"ReverseSequence", "If", "ScatterND", "GatherND", "CumSum",
                                                       "GatherElements"},
@@ -123,7 +125,9 @@ RUNTIMES = (
                   "unmapped (F.linear); its blobs have no batch axis and at most 4 axes beside it (w, h, d, c); "
                   "pnnx takes axis 0 of what a Conv reads and writes for that batch axis: a Conv over several "
                   "images at once (ConvLSTM2D's input convolution over every step) does not load, a Squeeze of "
-                  "that axis is dropped, a Concat along it leaves a 5-D output ncnn cannot hold; a Slice with "
+                  "that axis is dropped, a Concat along it leaves a 5-D output ncnn cannot hold; a Concat of an "
+                  "empty constant (the Scan form's padding of a full-length output) does not load at rank 3 and "
+                  "computes garbage at rank 5 (pnnx: '5-rank tensor is not supported'); a Slice with "
                   "step -1 is "
                   "silently dropped; a Split without its sizes becomes a Slice without them, which ends the "
                   "process; no GatherElements, Scan, If, Loop, ReverseSequence or the mask's bool ops; a masked "
@@ -226,6 +230,9 @@ def node_obstacles(node: onnx.NodeProto, row: Runtime, constants: dict, static: 
     if node.op_type == "Conv" and not row.batched_conv and ((shapes or {}).get(node.input[0]) or [0])[0] > 1:
         return [Obstacle(name, "takes a Conv's axis 0 for the batch axis its blobs lack: a Conv over several "
                                "images at once does not load", kind="batched")]
+    if node.op_type == "Concat" and not row.empty_concat and any(
+            name in constants and np.size(constants[name]) == 0 for name in node.input):
+        return [Obstacle(name, "loads a Concat of an empty constant wrongly or not at all", True, "empty")]
     if node.op_type == "Split" and not row.unsized_split and not slot(node.input, 1) \
             and attribute(node, "split") is None:
         return [Obstacle(name, "crashes on a Split whose sizes are not given", kind="split")]

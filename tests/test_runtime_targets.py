@@ -174,25 +174,30 @@ def test_a_bidirectional_node_read_merged_computes_the_node(op):
 
 
 def test_the_op_rungs_compute_the_ops_they_replace():
-    """An unsized Split given its sizes, and a GatherElements reversing an axis as its pieces concatenated."""
+    """An unsized Split given its sizes, a GatherElements reversing an axis as its pieces concatenated, a Concat
+    without its empty constant."""
     from tf2onnx_rnn.rewriters.lower.op_rungs import OP_RUNGS
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [TIME, BATCH, 2 * UNITS])
     index = np.broadcast_to(np.arange(TIME)[::-1, None, None], (TIME, BATCH, UNITS)).astype(np.int64)
     graph = helper.make_graph(
         [helper.make_node("Split", ["x"], ["a", "b"], axis=2),
-         helper.make_node("GatherElements", ["a", "index"], ["y"], axis=0)], "g", [x],
-        [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in ("y", "b")],
-        [numpy_helper.from_array(index, "index")])
+         helper.make_node("GatherElements", ["a", "index"], ["y"], axis=0),
+         helper.make_node("Concat", ["b", "empty"], ["c"], axis=0)], "g", [x],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in ("y", "c")],
+        [numpy_helper.from_array(index, "index"), numpy_helper.from_array(np.zeros((0, BATCH, UNITS), np.float32),
+                                                                          "empty")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     feeds = {"x": np.random.default_rng(5).normal(size=(TIME, BATCH, 2 * UNITS)).astype(np.float32)}
     before = onnx.ModelProto()
     before.CopyFrom(model)
     shapes = {"x": [TIME, BATCH, 2 * UNITS], "a": [TIME, BATCH, UNITS]}
-    for node, kind in zip(list(model.graph.node), ("split", "gather")):
-        OP_RUNGS[node.op_type, kind](node, shapes, {"index": index}, Writer(model.graph, 17))
+    constants = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    for node, kind in zip(list(model.graph.node), ("split", "gather", "empty")):
+        OP_RUNGS[node.op_type, kind](node, shapes, constants, Writer(model.graph, 17))
     assert not helpers.nodes_of_types(model, ["GatherElements"])
+    assert not [n for n in model.graph.node if "empty" in n.input]
     assert all(len(n.input) == 2 for n in helpers.nodes_of_types(model, ["Split"]))
     _assert_same(before, model, feeds)
 
@@ -262,6 +267,8 @@ def _model(K, name: str, seed: int):
                        return_sequences=True)(x)
     elif name == "conv_lstm":
         y = layers.ConvLSTM2D(3, 3, padding="same", return_sequences=True)(x)
+    elif name == "conv_lstm_last":  # its last output: the Scan form pads a full-length output with an empty one
+        y = layers.ConvLSTM2D(3, 3, padding="same")(x)
     model = K.Model(x, list(y) if isinstance(y, (list, tuple)) else y)
     rng = np.random.default_rng(seed)
     for weight in model.weights:
@@ -272,14 +279,15 @@ def _model(K, name: str, seed: int):
 # (each model's weights are seeded by its place here: new models go last)
 MODELS = ("lstm", "gru", "gru_reset_before", "simple_rnn", "go_backwards", "bidirectional_concat",
           "bidirectional_gru_sum", "stack_states", "masked", "masked_bidirectional_gru", "gelu_scan",
-          "stacked_cells", "conv_lstm", "bidirectional_mul_ave", "bidirectional_none", "states_returned")
+          "stacked_cells", "conv_lstm", "bidirectional_mul_ave", "bidirectional_none", "states_returned",
+          "conv_lstm_last")
 MASKED = ("masked", "masked_bidirectional_gru")
 _CONVERTED: dict = {}
 
 
 def _step_shape(name: str) -> tuple:
     """(time, the shape of one step) of the model's input."""
-    return (TIME, 4, 4, 2) if name == "conv_lstm" else (TIME, FEATURES)
+    return (TIME, 4, 4, 2) if name.startswith("conv_lstm") else (TIME, FEATURES)
 
 
 def _inputs(name: str) -> np.ndarray:

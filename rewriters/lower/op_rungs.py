@@ -82,6 +82,20 @@ def _gather_as_pieces(node, shapes: dict, constants: dict, w: Writer) -> bool:
     return True
 
 
-OP_RUNGS = {("GatherElements", "gather"): _gather_as_pieces, ("Slice", "slice"): _reversal_as_concat,
-            ("Gemm", "gemm"): _gemm_as_matmul,
+def _concat_of_parts(node, shapes: dict, constants: dict, w: Writer) -> bool:
+    """A ``Concat`` without its empty constant inputs (an ``Identity`` where one input is left): the same."""
+    kept = [name for name in node.input if not (name in constants and np.size(constants[name]) == 0)]
+    if not kept:
+        raise CannotLower("a Concat of empty constants alone has no form here")
+    if len(kept) == 1:
+        w.op("Identity", kept, node.name or node.output[0], output_names=list(node.output))
+    else:
+        w.op("Concat", kept, node.name or node.output[0], output_names=list(node.output),
+             axis=int(attribute(node, "axis")))
+    w.replace([node])
+    return True
+
+
+OP_RUNGS = {("Concat", "empty"): _concat_of_parts, ("GatherElements", "gather"): _gather_as_pieces,
+            ("Slice", "slice"): _reversal_as_concat, ("Gemm", "gemm"): _gemm_as_matmul,
             ("Split", "split"): _split_sized}
