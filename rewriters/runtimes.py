@@ -61,9 +61,14 @@ class Runtime:
     shared_weights: bool = True  # maps a MatMul whose constant weight other MatMuls read too
     batch_one: bool = False  # computes one batch row at a time (its tensors have no batch axis): a fixed batch of 1
     computed_gemm_bias: bool = True  # computes a Gemm whose C input is not a constant
+    unsized_split: bool = True  # computes a Split whose sizes are not given (equal parts)
+    batched_conv: bool = True  # computes a Conv over several images at once (its input's axis 0 over 1)
+    empty_concat: bool = True  # computes a Concat one of whose inputs is an empty constant
     max_input_rank: int = 0  # the highest rank of an input it takes (0: any)
     masks: str = ""  # why it computes no masked layer in any form this package writes ("": it computes them)
-    recurrent_read_as: str = ""  # how a recurrent node's Y must be read to be mapped (ncnn), else ""
+    # how a recurrent node's Y must be read to be mapped, else "": "squeezed" (ncnn): a forward node's by one Squeeze
+    # of axis 1, a bidirectional node's by one Transpose(0, 2, 1, 3) and one Reshape to [T, B, 2H]
+    recurrent_read_as: str = ""
     tolerance: float = 1e-4  # relative error its arithmetic allows against the source (float16: more)
     package: str = ""  # the Python package that runs it (verification in the runtime)
     # the obstacles' kinds its target's form removes (None: every one it can, refusing the rest in one line)
@@ -118,20 +123,29 @@ RUNTIMES = (
          lacks=_LOOPING | {"ReverseSequence", "DFT"}, static_shapes=True, package="tvm",
          measured="Relax's ONNX frontend has no LSTM, GRU, RNN, Scan, Loop, ReverseSequence or DFT converter"),
     _row("ncnn", "ncnn 1.0.20261020 through pnnx 20261020", "ncnn",
-         recurrent={op: frozenset({FORWARD}) for op in RECURRENT_OPS}, given_states=False, shared_weights=False,
-         batch_one=True, computed_gemm_bias=False, max_input_rank=4,
-         masks="a masked layer's step-by-step mask, in float ops, crashes ncnn's process or does not load (measured)",
+         recurrent={"LSTM": frozenset({FORWARD, BIDIRECTIONAL}), "GRU": frozenset({FORWARD, BIDIRECTIONAL}),
+                    "RNN": frozenset({FORWARD})}, given_states=False, shared_weights=False,
+         batch_one=True, computed_gemm_bias=False, max_input_rank=5, unsized_split=False, batched_conv=False,
+         empty_concat=False,
          gru_linear_before_reset_0=False, reads_y_h=frozenset(), reads_y_c=False, sequence_lens="none",
          scan="none", lacks=_LOOPING | _MASK_BOOLS | {"ReverseSequence", "If", "ScatterND", "GatherND", "CumSum",
-                                                      "ReduceMax", "ReduceMin"},
+                                                      "GatherElements"},
          negative_step_slice="dropped", static_shapes=True, recurrent_read_as="squeezed", package="ncnn",
          measured="a forward recurrent node is mapped only when its Y alone is read, by a Squeeze of axis 1, "
-                  "and no initial state is given; a bidirectional node as written and GRU linear_before_reset=0 "
+                  "and no initial state is given; a bidirectional LSTM or GRU is mapped to ncnn's own "
+                  "bidirectional layer only when its Y alone is read, by a Transpose(0, 2, 1, 3) and a Reshape to "
+                  "[T, B, 2H]; a bidirectional RNN (its layer does not load) and GRU linear_before_reset=0 "
                   "not mapped; a MatMul whose weight other MatMuls share, or a Gemm whose C is computed, is left "
-                  "unmapped (F.linear); its blobs "
-                  "have no batch axis, and a 5-D input (ConvLSTM2D's) does not load; a Slice with step -1 is "
-                  "silently dropped; a ReduceMax over a batched input does not load; no Scan, If, Loop, "
-                  "ReverseSequence or the mask's bool ops"),
+                  "unmapped (F.linear); its blobs have no batch axis and at most 4 axes beside it (w, h, d, c); "
+                  "pnnx takes axis 0 of what a Conv reads and writes for that batch axis: a Conv over several "
+                  "images at once (ConvLSTM2D's input convolution over every step) does not load, a Squeeze of "
+                  "that axis is dropped, a Concat along it leaves a 5-D output ncnn cannot hold; a Concat of an "
+                  "empty constant (the Scan form's padding of a full-length output) does not load at rank 3 and "
+                  "computes garbage at rank 5 (pnnx: '5-rank tensor is not supported'); a Slice with "
+                  "step -1 is "
+                  "silently dropped; a Split without its sizes becomes a Slice without them, which ends the "
+                  "process; no GatherElements, Scan, If, Loop, ReverseSequence or the mask's bool ops; a masked "
+                  "layer as its own step with its mask as float 0/1 arithmetic computes exactly"),
     _row("rknn", "rknn-toolkit2 2.5 simulator (rk3588, float16)", "rknn",
          reads_y_h=frozenset({"LSTM", "RNN"}), initial_states_needed=frozenset({"LSTM"}), sequence_lens="none",
          scan="none", lacks=_LOOPING | {"If", "ReverseSequence"} | _MASK_BOOLS, static_shapes=True,
@@ -183,6 +197,8 @@ def obstacles(model_proto: onnx.ModelProto, row: Runtime) -> list:
     constants: dict = {}
     found: list = []
     static = _static_inputs(model_proto)
+    convs = not row.batched_conv and any(n.op_type == "Conv" for n in model_proto.graph.node)
+    shapes = static_shapes(model_proto) if convs else None  # shape inference only where a fact asks for it
     whole = readers_of(model_proto.graph)
     readers: dict = {}  # id of a graph -> what reads each name, its own outputs read by None
     for graph, node in _nodes(model_proto.graph):
@@ -190,7 +206,8 @@ def obstacles(model_proto: onnx.ModelProto, row: Runtime) -> list:
             constants.update(constant_values(graph))
             readers[id(graph)] = {**whole, **{o.name: whole.get(o.name, []) + [None] for o in graph.output}} \
                 if graph is not model_proto.graph else whole
-        found.extend(node_obstacles(node, row, constants, static, readers[id(graph)]))
+        found.extend(node_obstacles(node, row, constants, static, readers[id(graph)],
+                                    shapes if graph is model_proto.graph else None))
     ranks = [len(i.type.tensor_type.shape.dim) for i in model_proto.graph.input]
     if row.max_input_rank and max(ranks, default=0) > row.max_input_rank:
         found.insert(0, Obstacle("inputs", f"takes no input of rank {max(ranks)}", kind="rank"))
@@ -232,14 +249,16 @@ def batched_input(model_proto: onnx.ModelProto):
                  and i.type.tensor_type.shape.dim[0].dim_value != 1), None)
 
 
-def node_obstacles(node: onnx.NodeProto, row: Runtime, constants: dict, static: bool, readers: dict) -> list:
+def node_obstacles(node: onnx.NodeProto, row: Runtime, constants: dict, static: bool, readers: dict,
+                   shapes: Optional[dict] = None) -> list:
     """The obstacles of one node (``constants``: name -> value of the constants it may read; ``readers``:
-    name -> the nodes that read it, None for a graph output)."""
+    name -> the nodes that read it, None for a graph output; ``shapes``: name -> its static dimensions, where
+    the row asks for them)."""
     name = node.name or node.output[0]
     if node.domain not in ("", "ai.onnx"):
         return []
     if node.op_type in row.lacks:
-        kind = {"ReverseSequence": "reversal", "ReduceMax": "reduce", "ReduceMin": "reduce"}.get(
+        kind = {"ReverseSequence": "reversal", "GatherElements": "gather"}.get(
             node.op_type, "bool" if node.op_type in _MASK_BOOLS else "op")
         return [Obstacle(name, f"has no {node.op_type}", kind=kind)]
     if node.op_type in RECURRENT_OPS:
@@ -254,6 +273,15 @@ def node_obstacles(node: onnx.NodeProto, row: Runtime, constants: dict, static: 
     if node.op_type == "Gemm" and not row.computed_gemm_bias and len(node.input) > 2 and node.input[2] \
             and node.input[2] not in constants:
         return [Obstacle(name, "has no Gemm whose C is computed", kind="gemm")]
+    if node.op_type == "Conv" and not row.batched_conv and ((shapes or {}).get(node.input[0]) or [0])[0] > 1:
+        return [Obstacle(name, "takes a Conv's axis 0 for the batch axis its blobs lack: a Conv over several "
+                               "images at once does not load", kind="batched")]
+    if node.op_type == "Concat" and not row.empty_concat and any(
+            name in constants and np.size(constants[name]) == 0 for name in node.input):
+        return [Obstacle(name, "loads a Concat of an empty constant wrongly or not at all", True, "empty")]
+    if node.op_type == "Split" and not row.unsized_split and not slot(node.input, 1) \
+            and attribute(node, "split") is None:
+        return [Obstacle(name, "crashes on a Split whose sizes are not given", kind="split")]
     if node.op_type == "Slice" and row.negative_step_slice == "dropped" and _negative_step(node, constants):
         return [Obstacle(name, "drops a Slice with step -1", True, "slice")]
     return []
@@ -286,10 +314,13 @@ def _recurrent(node, row: Runtime, constants: dict, readers: dict, name: str) ->
         found.append(Obstacle(name, f"fails on a read Y_h of {op}", kind="y_h"))
     if op == "LSTM" and slot(node.output, Y_C) and slot(node.output, Y_C) in readers and not row.reads_y_c:
         found.append(Obstacle(name, "fails on a read Y_c of LSTM", kind="op"))
-    squeezed = _squeezed(node.output[Y], readers, constants)
-    if row.recurrent_read_as == "squeezed" and direction == FORWARD and not squeezed:
+    if row.recurrent_read_as == "squeezed" and direction == FORWARD and not _squeezed(node.output[Y], readers,
+                                                                                          constants):
         found.append(Obstacle(name, f"maps {op} only when its Y alone is read, by a Squeeze of its axis 1",
                               kind="y_h"))
+    if row.recurrent_read_as == "squeezed" and direction == BIDIRECTIONAL and not _merged(node, readers, constants):
+        found.append(Obstacle(name, f"maps a bidirectional {op} only when its Y alone is read, by a Transpose(0, 2, "
+                                    "1, 3) and a Reshape to [T, B, 2H]", kind="y_h"))
     if not row.given_states and any(slot(node.input, s) for s in (INITIAL_H, INITIAL_C)):
         found.append(Obstacle(name, f"maps {op} only without initial states", kind="given_states"))
     if op in row.initial_states_needed and not slot(node.input, INITIAL_H):
@@ -367,6 +398,43 @@ def _squeezed(y: str, readers: dict, constants: dict) -> bool:
     """A recurrent node's Y read once, by a Squeeze of axis 1 (its axes given as an attribute or a constant)."""
     found = readers.get(y, []) if y else []
     return len(found) == 1 and squeezes_axis_1(found[0], constants)
+
+
+def merges_directions(transpose: Optional[onnx.NodeProto], reshape: Optional[onnx.NodeProto], hidden: int,
+                      constants: dict) -> bool:
+    """Whether ``transpose`` then ``reshape`` read a bidirectional Y [T, 2, B, H] as [T, B, 2H]."""
+    if transpose is None or reshape is None or transpose.op_type != "Transpose" or reshape.op_type != "Reshape":
+        return False
+    shape = constants.get(reshape.input[1]) if len(reshape.input) > 1 else None
+    return list(attribute(transpose, "perm", [])) == [0, 2, 1, 3] and shape is not None and \
+        np.size(shape) == 3 and int(np.ravel(shape)[2]) == 2 * hidden and all(int(d) > 0 for d in np.ravel(shape))
+
+
+def _merged(node: onnx.NodeProto, readers: dict, constants: dict) -> bool:
+    """A bidirectional node's Y read once, by a Transpose(0, 2, 1, 3) read once, by a Reshape to [T, B, 2H]."""
+    found = readers.get(node.output[Y], []) if node.output and node.output[Y] else []
+    if len(found) != 1 or found[0] is None or not found[0].output:
+        return False
+    after = readers.get(found[0].output[0], [])
+    return len(after) == 1 and merges_directions(found[0], after[0], int(attribute(node, "hidden_size", 0)),
+                                                 constants)
+
+
+def static_shapes(model_proto: onnx.ModelProto) -> dict:
+    """name -> its dimensions (an int, or None where not static), by ONNX's shape inference (the main graph's)."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model_proto, data_prop=True)
+    except Exception:  # noqa: BLE001 - without inference, only the declared shapes are known
+        inferred = model_proto
+    found = {}
+    graph = inferred.graph
+    for value in list(graph.input) + list(graph.value_info) + list(graph.output):
+        if value.type.tensor_type.HasField("shape"):
+            found[value.name] = [d.dim_value if d.HasField("dim_value") else None
+                                 for d in value.type.tensor_type.shape.dim]
+    for tensor in graph.initializer:
+        found[tensor.name] = list(tensor.dims)
+    return found
 
 
 def _static_inputs(model_proto: onnx.ModelProto) -> bool:

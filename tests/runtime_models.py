@@ -65,7 +65,7 @@ def model(K, name: str, seed: int):
     elif name == "relu_linear":
         h = layers.SimpleRNN(UNITS, activation="relu", return_sequences=True)(x)
         y = layers.LSTM(UNITS, activation="linear", return_sequences=True)(h)
-    elif name == "conv_lstm_last":  # its last step only: tf2onnx pads the Scan's stacked outputs, then slices
+    elif name == "conv_lstm_last":  # its last output: the Scan form pads a full-length output with an empty one
         y = layers.ConvLSTM2D(3, 3, padding="same")(x)
     elif name == "softsign_elu":
         h = layers.GRU(UNITS, activation="softsign", return_sequences=True)(x)
@@ -81,7 +81,7 @@ def model(K, name: str, seed: int):
 MODELS = ("lstm", "gru", "gru_reset_before", "simple_rnn", "go_backwards", "bidirectional_concat",
           "bidirectional_gru_sum", "stack_states", "masked", "masked_bidirectional_gru", "gelu_scan",
           "stacked_cells", "conv_lstm", "bidirectional_mul_ave", "bidirectional_none", "states_returned",
-          "hard_sigmoid", "bidirectional_hard_sigmoid", "relu_linear", "softsign_elu", "conv_lstm_last")
+          "conv_lstm_last", "hard_sigmoid", "bidirectional_hard_sigmoid", "relu_linear", "softsign_elu")
 MASKED = ("masked", "masked_bidirectional_gru")
 _CONVERTED: dict = {}
 

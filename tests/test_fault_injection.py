@@ -456,7 +456,7 @@ RUN_ONLY_WITH = {
     # the lowering for a runtime target: each target with each runtime's model
     **{(module, ""): {"models": RUNTIME_MODELS} for module in (
         "lower", "lower.build", "lower.fold", "lower.forward", "lower.steps", "lower.scan_steps",
-        "lower.float_masks", "lower.ladder")},
+        "lower.float_masks", "lower.ladder", "lower.op_rungs", "lower.per_step")},
     ("runtimes", "masked_own_step"): {"models": RUNTIME_MODELS},
 }
 

@@ -29,9 +29,9 @@ from runtime_models import BATCH, FEATURES, MASKED, MODELS, TARGETS, TIME, UNITS
 from runtime_models import model as _model
 from tf2onnx_rnn import ConversionError, convert_keras, report_of
 from tf2onnx_rnn.rewriters.lower.build import Writer
-from tf2onnx_rnn.rewriters.lower.forward import as_forward_nodes, last_step_as_y_h, zero_initial_states
+from tf2onnx_rnn.rewriters.lower.forward import as_forward_nodes, last_step_as_y_h, read_merged, zero_initial_states
 from tf2onnx_rnn.rewriters.lower.steps import node_as_steps
-from tf2onnx_rnn.rewriters.runtimes import BY_KEY, RUNTIMES, obstacles
+from tf2onnx_rnn.rewriters.runtimes import BIDIRECTIONAL, BY_KEY, RUNTIMES, obstacles
 
 GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 
@@ -157,10 +157,90 @@ def test_y_h_taken_from_y_and_zero_states_given_compute_the_node(op, direction):
     _assert_same(before, after, feeds)
 
 
+@pytest.mark.parametrize("op", ("LSTM", "GRU"))
+def test_a_bidirectional_node_read_merged_computes_the_node(op):
+    """Y read as [T, B, 2H] (ncnn's own bidirectional layer): each direction's Slice and Squeeze a part of it,
+    another reader (a Neg) the [T, 2, B, H] made back, Y_h the halves' last and first steps."""
+    model, feeds = _node_model(op, "bidirectional", 6)
+    graph = model.graph
+    y = graph.output[0].name
+    axes = [numpy_helper.from_array(np.array([v], np.int64), f"c{v}") for v in (0, 1, 2)]
+    graph.initializer.extend(axes)
+    for d in (0, 1):
+        graph.node.extend([helper.make_node("Slice", [y, f"c{d}", f"c{d + 1}", "c1"], [f"s{d}"]),
+                           helper.make_node("Squeeze", [f"s{d}", "c1"], [f"part{d}"])])
+    graph.node.append(helper.make_node("Neg", [y], ["negated"]))
+    kept = [o for o in graph.output if o.name != y]
+    del graph.output[:]
+    graph.output.extend(kept + [helper.make_tensor_value_info(n, TensorProto.FLOAT, None)
+                                for n in ("part0", "part1", "negated")])
+    before = onnx.ModelProto()
+    before.CopyFrom(model)
+    _rewritten(model, lambda g, n, c, w: read_merged(
+        g, n, {t.name: numpy_helper.to_array(t) for t in g.initializer}, [TIME, BATCH, FEATURES], w))
+    (node,) = helpers.nodes_of_types(model, [op])
+    assert (len(node.output) == 1 or not node.output[1]) and not helpers.nodes_of_types(model, ["Squeeze"])
+    _assert_same(before, model, feeds)
+
+
+def test_the_op_rungs_compute_the_ops_they_replace():
+    """An unsized Split given its sizes, a GatherElements reversing an axis as its pieces concatenated, a Concat
+    without its empty constant."""
+    from tf2onnx_rnn.rewriters.lower.op_rungs import OP_RUNGS
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [TIME, BATCH, 2 * UNITS])
+    index = np.broadcast_to(np.arange(TIME)[::-1, None, None], (TIME, BATCH, UNITS)).astype(np.int64)
+    graph = helper.make_graph(
+        [helper.make_node("Split", ["x"], ["a", "b"], axis=2),
+         helper.make_node("GatherElements", ["a", "index"], ["y"], axis=0),
+         helper.make_node("Concat", ["b", "empty"], ["c"], axis=0)], "g", [x],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in ("y", "c")],
+        [numpy_helper.from_array(index, "index"), numpy_helper.from_array(np.zeros((0, BATCH, UNITS), np.float32),
+                                                                          "empty")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    feeds = {"x": np.random.default_rng(5).normal(size=(TIME, BATCH, 2 * UNITS)).astype(np.float32)}
+    before = onnx.ModelProto()
+    before.CopyFrom(model)
+    shapes = {"x": [TIME, BATCH, 2 * UNITS], "a": [TIME, BATCH, UNITS]}
+    constants = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    for node, kind in zip(list(model.graph.node), ("split", "gather", "empty")):
+        OP_RUNGS[node.op_type, kind](node, shapes, constants, Writer(model.graph, 17))
+    assert not helpers.nodes_of_types(model, ["GatherElements"])
+    assert not [n for n in model.graph.node if "empty" in n.input]
+    assert all(len(n.input) == 2 for n in helpers.nodes_of_types(model, ["Split"]))
+    _assert_same(before, model, feeds)
+
+
+def test_moves_of_axes_of_size_1_merge_into_one_transpose():
+    """A Transpose between Reshapes that only move axes of size 1 (a time-major [T, 1, ...] made batch-major and
+    back) is one Transpose of the same values; a chain that keeps every axis in place goes."""
+    from tf2onnx_rnn.rewriters.lower.per_step import merged_transposes
+    from tf2onnx_rnn.rewriters.runtimes import static_shapes
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, TIME, 3, 4])
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "time_major"], ["a"]),
+         helper.make_node("Transpose", ["a"], ["b"], perm=[0, 1, 3, 2]),
+         helper.make_node("Reshape", ["b", "batch_major"], ["y"]),
+         helper.make_node("Transpose", ["x"], ["c"], perm=[0, 2, 1, 3]),
+         helper.make_node("Transpose", ["c"], ["d"], perm=[0, 2, 1, 3]), helper.make_node("Neg", ["d"], ["z"])],
+        "g", [x], [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in ("y", "z")],
+        [numpy_helper.from_array(np.array(v, np.int64), n) for n, v in
+         (("time_major", [TIME, 1, 3, 4]), ("batch_major", [1, TIME, 4, 3]))])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    before = onnx.ModelProto()
+    before.CopyFrom(model)
+    merged_transposes(model.graph, static_shapes(model))
+    assert [(n.op_type, list(helpers.attribute(n, "perm") or [])) for n in model.graph.node] == \
+        [("Transpose", [0, 1, 3, 2]), ("Neg", [])]
+    _assert_same(before, model, {"x": np.random.default_rng(8).normal(size=(1, TIME, 3, 4)).astype(np.float32)})
+
+
 # -- Keras models through each target, in onnxruntime and (where installed) the runtime -------------------
-# what a target refuses, each with the measured reason the refusal names (docs/downstream.md)
-REFUSED = {("ncnn", name): "takes no input of rank 5" for name in ("conv_lstm", "conv_lstm_last")}
-REFUSED.update({("ncnn", name): "crashes ncnn's process or does not load" for name in MASKED})
+# what a target refuses, each with the measured reason the refusal names (docs/downstream.md): nothing now
+REFUSED: dict = {}
 
 
 @pytest.mark.parametrize("flavor", parity.FLAVORS)
@@ -184,6 +264,19 @@ def test_a_target_model_equals_keras_and_holds_nothing_its_runtime_lacks(target,
     report = report_of(proto)
     assert target in report.runs_in and report.consumers[0].startswith("runs in, as ONNX defines it:"), \
         report.table()
+
+
+@pytest.mark.parametrize("name", ("bidirectional_concat", "bidirectional_gru_sum", "bidirectional_none"))
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_bidirectional_layer_stays_one_node_where_its_runtime_maps_one(target, name):
+    """ncnn's own bidirectional LSTM and GRU layers (its Y read merged, [T, B, 2H]), IREE's LSTM, rknn's."""
+    _, _, proto = converted(parity.FLAVORS[0], name, target)
+    op = "GRU" if "gru" in name else "LSTM"
+    nodes = helpers.nodes_of_types(proto, [op])
+    if BIDIRECTIONAL in BY_KEY[target].recurrent.get(op, ()):
+        assert [helpers.direction_of(n) for n in nodes] == [BIDIRECTIONAL], helpers.op_counts(proto)
+    else:
+        assert BIDIRECTIONAL not in {helpers.direction_of(n) for n in nodes}, helpers.op_counts(proto)
 
 
 @pytest.mark.parametrize("target", TARGETS)

@@ -17,8 +17,9 @@ How each runtime is driven (docs/downstream.md names the versions measured):
   ``iree.runtime`` on the ``local-task`` driver;
 - ``tvm``: Relax's ONNX frontend (``from_onnx`` with the feeds' shapes), ``tvm.compile`` for ``llvm``,
   run on Relax's virtual machine;
-- ``ncnn``: ``pnnx`` writes the ncnn param and bin files for the feeds' shapes (``fp16=0``), run with
-  ``ncnn.Net``; ncnn's blobs have no batch axis, so each batch row is run on its own, as ncnn's users do;
+- ``ncnn``: ``pnnx`` writes the ncnn param and bin files for one batch row's shapes (``fp16=0``), run with
+  ``ncnn.Net``; ncnn's blobs have no batch axis, so each batch row is run on its own, as ncnn's users do,
+  fed as the ``model_ncnn.py`` pnnx writes feeds it (the batch axis pnnx found dropped, a Mat of its own);
 - ``rknn``: rknn-toolkit2 builds for ``rk3588`` without quantization and runs its simulator (float16);
 - ``openvino``: ``Core().read_model`` on the file, compiled for the CPU at f32 inference precision (on
   CPUs with bf16 units OpenVINO computes in bf16 by default), with the model's own (dynamic) shapes;
@@ -108,6 +109,8 @@ def prepare_ncnn(path: str, feeds: dict, work: str):
     _check_call(["pnnx", local, f"inputshape={shapes}", "fp16=0"], cwd=work)
     param, weights = os.path.join(work, "model.ncnn.param"), os.path.join(work, "model.ncnn.bin")
     blobs_in, blobs_out = _ncnn_blobs(param)
+    batch_axes = _ncnn_batch_axes(os.path.join(work, "model_ncnn.py"), len(blobs_in))
+    rows_out = _row_shapes(path)
     net = ncnn.Net()
     net.opt.use_fp16_packed = net.opt.use_fp16_storage = net.opt.use_fp16_arithmetic = False
     net.opt.use_bf16_storage = False
@@ -118,15 +121,52 @@ def prepare_ncnn(path: str, feeds: dict, work: str):
         outputs = [[] for _ in blobs_out]
         for row in range(given[names[0]].shape[0]):
             extractor = net.create_extractor()
-            for blob, name in zip(blobs_in, names):
-                extractor.input(blob, ncnn.Mat(np.ascontiguousarray(given[name][row])))
+            for blob, name, axis in zip(blobs_in, names, batch_axes):
+                # as pnnx's own model_ncnn.py feeds it: the row with its batch axis, which the Mat drops where
+                # pnnx found one (233: none), and a Mat of its own: ncnn reads the refcount of an in-place
+                # layer's input, which a Mat wrapping a numpy array does not have (the process ends)
+                rows = np.ascontiguousarray(given[name][row:row + 1])
+                extractor.input(blob, ncnn.Mat(rows, batch_index=axis).clone())
             for k, blob in enumerate(blobs_out):
                 status, mat = extractor.extract(blob)
                 if status != 0:
                     raise RuntimeError(f"ncnn cannot compute {blob}")
-                outputs[k].append(np.array(mat))
+                value = np.array(mat)
+                shape = rows_out[k] if k < len(rows_out) else None
+                outputs[k].append(value.reshape(shape) if shape and int(np.prod(shape)) == value.size else value)
         return [np.stack(rows) for rows in outputs]
     return run
+
+
+def _ncnn_batch_axes(script: str, count: int) -> list:
+    """Per input, the batch axis pnnx found for it (233: none), as the ``model_ncnn.py`` it writes feeds
+    it; 0 for each where that file says nothing."""
+    import re
+
+    found = []
+    if os.path.exists(script):
+        with open(script) as handle:
+            found = [int(k) for k in re.findall(r"ex\.input\([^\n]*batch_index=(\d+)", handle.read())]
+    return found if len(found) == count else [0] * count
+
+
+def _row_shapes(path: str) -> list:
+    """The shape of one batch row of each model output, as declared or as ONNX's shape inference finds it
+    (None where not static)."""
+    import onnx
+
+    model = onnx.load(path, load_external_data=False)
+    try:
+        known = {v.name: v for v in onnx.shape_inference.infer_shapes(model).graph.output}
+    except Exception:  # noqa: BLE001 - the declared shapes only
+        known = {}
+    shapes = []
+    for output in model.graph.output:
+        dims = [[d.dim_value if d.HasField("dim_value") else 0 for d in v.type.tensor_type.shape.dim]
+                for v in (output, known.get(output.name, output))]
+        static = [d for d in dims if d and all(d)]
+        shapes.append(static[0][1:] if static else None)
+    return shapes
 
 
 def _ncnn_blobs(param: str) -> tuple:

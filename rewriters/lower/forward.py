@@ -11,7 +11,9 @@
   :func:`drop_zero_states`: initial states that are constant zeros left out, as ONNX's default (ncnn maps
   a node only without them).
 - :func:`read_through_squeeze`: a forward node's ``Y`` read once, by a ``Squeeze`` of its direction axis,
-  and its ``Y_h`` taken from that (ncnn maps a node only when so read).
+  and its ``Y_h`` taken from that (ncnn maps a node only when so read); :func:`read_merged`: a bidirectional
+  node's ``Y`` read once, its directions merged into the hidden axis, ``[T, B, 2H]`` (ncnn's own
+  bidirectional layer), each direction's part and ``Y_h`` taken from that.
 """
 from __future__ import annotations
 
@@ -183,3 +185,69 @@ def read_through_squeeze(graph: onnx.GraphProto, node: onnx.NodeProto, constants
             for k, name in enumerate(reader.input):
                 if name == y:
                     reader.input[k] = unsqueezed
+
+
+def read_merged(graph: onnx.GraphProto, node: onnx.NodeProto, constants: dict, shape: list, w: Writer) -> None:
+    """A bidirectional ``node`` (``shape``: its input's, static) whose ``Y`` is read once, by a Transpose(0, 2, 1, 3)
+    and a Reshape to [T, B, 2H]: a Slice of one direction along axis 1 that only Squeezes of axis 1 read becomes
+    a Slice of that along its last axis, any other reader reads [T, 2, B, H] made back from it, ``Y_h`` is the
+    forward half's last step and the backward half's first. Exact without ``sequence_lens``."""
+    if _slot(node.input, SEQUENCE_LENS) or attribute(node, "direction") != BIDIRECTIONAL:
+        raise CannotLower(f"only a bidirectional {node.op_type} without sequence_lens is read merged")
+    if any(o.name == node.output[Y] for o in graph.output):
+        raise CannotLower(f"{node.op_type}'s Y is a model output")
+    base, hidden = (node.name or node.output[0]).replace("/", "_"), int(attribute(node, "hidden_size"))
+    steps, batch = shape[0], shape[1]
+    if not steps or not batch:
+        raise CannotLower(f"a bidirectional {node.op_type} is read merged only at a fixed time length and batch")
+    y, every = node.output[Y] or w.name(f"{base}_Y"), readers_of(graph)
+    readers = [r for r in every.get(y, []) if r is not None] if node.output[Y] else []
+    copy = onnx.NodeProto()
+    copy.CopyFrom(node)
+    copy.output[Y] = y
+    y_h = _slot(node.output, Y_H) if _slot(node.output, Y_H) in every else ""  # an unread Y_h is not made
+    if len(copy.output) > Y_H:
+        copy.output[Y_H] = ""
+    while copy.output and not copy.output[-1]:
+        del copy.output[-1]
+    w.nodes.append(copy)
+    swapped = w.op("Transpose", [y], f"{base}_Y_swapped", perm=[0, 2, 1, 3])
+    merged = w.op("Reshape", [swapped, w.ints([steps, batch, 2 * hidden], f"{base}_merged_shape")], f"{base}_merged")
+    if y_h:
+        halves = [w.slice(w.slice(merged, t, t + 1, 0, f"{base}_h{d}_step"), d * hidden, (d + 1) * hidden, 2,
+                          f"{base}_h{d}") for d, t in ((0, steps - 1), (1, 0))]
+        w.op("Concat", halves, f"{base}_Y_h", output_names=[y_h], axis=0)
+    replaced, others = _direction_reads(graph, readers, merged, hidden, constants, w, base)
+    if others:
+        unmerged = w.op("Reshape", [merged, w.ints([steps, batch, 2, hidden], f"{base}_unmerged_shape")],
+                        f"{base}_unmerged")
+        again = w.op("Transpose", [unmerged], f"{base}_Y_again", perm=[0, 2, 1, 3])
+    w.replace([node] + replaced)
+    for reader in others:  # in place: they stand after what they now read
+        for k, name in enumerate(reader.input):
+            if name == y:
+                reader.input[k] = again
+
+
+def _direction_reads(graph, readers: list, merged: str, hidden: int, constants: dict, w: Writer, base: str) -> tuple:
+    """(the readers of Y replaced, the others): each Slice of one direction along axis 1 read only by Squeezes of
+    axis 1 is replaced, with those Squeezes, by a Slice of ``merged`` along its last axis."""
+    every = readers_of(graph)
+    replaced, others = [], []
+    for reader in readers:
+        values = [constants.get(name) for name in reader.input[1:4]] if reader.op_type == "Slice" else [None]
+        steps = constants.get(reader.input[4]) if reader.op_type == "Slice" and _slot(reader.input, 4) else [1]
+        squeezes = every.get(reader.output[0], [None]) if reader.op_type == "Slice" else [None]
+        if any(v is None or np.size(v) != 1 for v in values) or steps is None or int(np.ravel(steps)[0]) != 1 \
+                or int(np.ravel(values[2])[0]) != 1 or not all(squeezes_axis_1(q, constants) for q in squeezes):
+            others.append(reader)
+            continue
+        d = int(np.ravel(values[0])[0]) % 2
+        if min(int(np.ravel(values[1])[0]), 2) != d + 1:
+            others.append(reader)
+            continue
+        part = w.slice(merged, d * hidden, (d + 1) * hidden, 2, f"{base}_part{d}")
+        for squeeze in squeezes:
+            w.op("Identity", [part], f"{base}_part{d}_read", output_names=list(squeeze.output))
+        replaced += [reader] + squeezes
+    return replaced, others

@@ -5,8 +5,10 @@ it is; its absent initial states given as zeros and a read
 ``Y_h`` taken from ``Y`` (:mod:`.forward`); a backward pass as a forward node over its input reversed
 (:mod:`.forward`); its steps written out for the fixed time length (:mod:`.steps`, :mod:`.scan_steps`).
 Each node climbs down one rung at a time while :func:`..runtimes.node_obstacles` names something its
-runtime lacks, by the obstacle's kind, never by the runtime's name. A ``Slice`` of step -1 that a runtime
-drops becomes the steps' ``Concat`` in reverse order. What is left is returned: the conversion refuses it.
+runtime lacks, by the obstacle's kind, never by the runtime's name. Other ops a runtime lacks or reads
+otherwise than ONNX are written in ops it computes (:mod:`.op_rungs`: a ``Slice`` of step -1 it drops as
+its pieces' ``Concat`` in reverse order, a ``Split`` given its sizes, ...). What is left is returned: the
+conversion refuses it.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import numpy as np
 import onnx
 
 from ..runtimes import (
+    BIDIRECTIONAL,
     FORWARD,
     INITIAL_C,
     INITIAL_H,
@@ -29,6 +32,7 @@ from ..runtimes import (
     node_obstacles,
     obstacles,
     readers_of,
+    static_shapes,
 )
 from .build import Writer, names_of
 from .float_masks import bools_as_floats
@@ -37,10 +41,13 @@ from .forward import (
     as_forward_nodes,
     drop_zero_states,
     last_step_as_y_h,
+    read_merged,
     read_through_squeeze,
     zero_initial_states,
     zero_states_given,
 )
+from .op_rungs import OP_RUNGS
+from .per_step import convolution_per_step, merged_transposes
 from .scan_steps import scan_as_steps
 from .steps import CannotLower, node_as_steps
 
@@ -69,16 +76,16 @@ def lower_for(model_proto: onnx.ModelProto, row: Runtime) -> Lowered:
     done, origin = Lowered(), {}  # origin: a node a rung made -> the written model's node it computes
     try:
         for _ in range(_ROUNDS):  # a branch taken may hold more that the fixed shapes decide
-            if not fold_static(model_proto, _shapes(model_proto)):
+            if not fold_static(model_proto, static_shapes(model_proto)):
                 break
     except Exception as error:  # noqa: BLE001 - folding only simplifies: the graph stays as it was
         done.errors.append(_contained("folding fixed shapes", error))
     for _ in range(_ROUNDS):
-        shapes, constants = _shapes(model_proto), constant_values(graph)
+        shapes, constants = static_shapes(model_proto), constant_values(graph)
         changed = _parts_read_straight(graph, shapes, constants) > 0
         readers = readers_of(graph)  # read again after each rung: a rung rewrites what reads what
         for node in list(graph.node):
-            found = node_obstacles(node, row, constants, True, readers)
+            found = node_obstacles(node, row, constants, True, readers, shapes)
             if not found:
                 continue
             w = Writer(graph, opset, names_of(graph))
@@ -102,6 +109,8 @@ def lower_for(model_proto: onnx.ModelProto, row: Runtime) -> Lowered:
             bools_as_floats(model_proto, opset)
         except CannotLower as error:
             reasons.append(Obstacle("mask", f"cannot write its bool arithmetic in float ops: {error}"))
+    if row.batch_one:  # the size-1 batch axis kept first through moves of axes, where pnnx looks for it
+        merged_transposes(graph, static_shapes(model_proto))
     _lean_nodes(graph, row, constant_values(graph))
     if not row.shared_weights:
         unshared_weights(graph)
@@ -132,19 +141,18 @@ def _one_rung(graph, node, found: list, row: Runtime, shapes: dict, constants: d
     """Move ``node`` one rung down for what ``found`` names: whether the graph changed (a str naming the
     rung where the node is no longer computed by a node of its own kind and name, else True or "")."""
     kinds = {o.kind for o in found}
-    if node.op_type == "Slice" and kinds == {"slice"}:
-        return _reversal_as_concat(node, shapes, constants, w)
-    if node.op_type == "Gemm" and kinds == {"gemm"}:
-        return _gemm_as_matmul(node, constants, w)
-    if node.op_type in ("ReduceMax", "ReduceMin") and kinds == {"reduce"}:
-        return _reduction_as_pairs(node, shapes, constants, w)
+    if node.op_type == "Conv" and kinds == {"batched"}:
+        return convolution_per_step(graph, node, shapes, constants, w)
+    rung = OP_RUNGS.get((node.op_type, next(iter(kinds)))) if len(kinds) == 1 else None
+    if rung is not None:
+        return rung(node, shapes, constants, w)
     steps, batch = _time_and_batch(node, shapes)
     if node.op_type in RECURRENT_OPS + ("Scan",) and not row.steps and not _natively(kinds, node, row, constants):
         raise CannotLower(f"its {node.op_type} would be its steps written out, which {row.name} does not compute")
     if node.op_type == "Scan":
         if not steps:
             raise CannotLower("its Scan needs a fixed number of steps: give the inputs fixed shapes")
-        scan_as_steps(graph, node, steps, w)
+        scan_as_steps(graph, node, steps, w, beside_batch=row.batch_one)
         return f"its {steps} steps written out"
     if node.op_type not in RECURRENT_OPS:
         return ""
@@ -159,7 +167,10 @@ def _one_rung(graph, node, found: list, row: Runtime, shapes: dict, constants: d
         as_forward_nodes(graph, node, constants.get, w)
         return "forward nodes, each backward pass over its input reversed"
     if kinds <= {"y_h", "initial_states"} and row.recurrent_read_as == "squeezed":
-        read_through_squeeze(graph, node, constants, w)
+        if attribute(node, "direction", FORWARD) == BIDIRECTIONAL:
+            read_merged(graph, node, constants, shapes.get(node.input[0]) or [0, 0], w)
+        else:
+            read_through_squeeze(graph, node, constants, w)
         return True
     if kinds <= {"y_h", "initial_states"}:
         last_step_as_y_h(graph, node, w)
@@ -267,62 +278,6 @@ def _natively(kinds: set, node, row: Runtime, constants: dict) -> bool:
     return kinds <= {"direction", "y_h", "initial_states", "given_states"}
 
 
-def _gemm_as_matmul(node, constants: dict, w: Writer) -> bool:
-    """``Gemm(A, B, C)`` (no transpose of A, scales of 1) as ``Add(C, MatMul(A, B))``: the same sum."""
-    if attribute(node, "transA", 0) or attribute(node, "alpha", 1.0) != 1.0 or attribute(node, "beta", 1.0) != 1.0:
-        raise CannotLower("a Gemm with transA or scales other than 1 has no MatMul form here")
-    b = node.input[1]
-    if attribute(node, "transB", 0):
-        if constants.get(b) is None:
-            raise CannotLower("a Gemm with a computed transposed B has no MatMul form here")
-        b = w.const(constants[b].T.copy(), f"{b}_transposed")
-    product = w.op("MatMul", [node.input[0], b], f"{node.output[0]}_product")
-    w.op("Add", [node.input[2], product], f"{node.output[0]}_sum", output_names=[node.output[0]])
-    w.replace([node])
-    return True
-
-
-def _reduction_as_pairs(node, shapes: dict, constants: dict, w: Writer) -> bool:
-    """``ReduceMax`` (``ReduceMin``) over one axis of static size as its pieces' ``Max`` (``Min``), pair by
-    pair: the same value."""
-    axes = constants.get(node.input[1]) if len(node.input) > 1 and node.input[1] else attribute(node, "axes")
-    shape = shapes.get(node.input[0])
-    if axes is None or np.size(axes) != 1 or not shape:
-        raise CannotLower(f"a {node.op_type} over other than one known axis has no pairwise form here")
-    axis = int(np.ravel(axes)[0]) % len(shape)
-    if not shape[axis]:
-        raise CannotLower(f"a {node.op_type} over an axis of unknown size has no pairwise form here")
-    pieces = w.split(node.input[0], [1] * shape[axis], axis, f"{node.output[0]}_piece")
-    pair = "Max" if node.op_type == "ReduceMax" else "Min"
-    value = pieces[0]
-    for k, piece in enumerate(pieces[1:]):
-        value = w.op(pair, [value, piece], f"{node.output[0]}_{pair.lower()}{k}")
-    if attribute(node, "keepdims", 1):
-        w.op("Identity", [value], f"{node.output[0]}_kept", output_names=[node.output[0]])
-    else:
-        w.squeeze(value, [axis], f"{node.output[0]}_squeezed")
-        w.nodes[-1].output[0] = node.output[0]
-    w.replace([node])
-    return True
-
-
-def _reversal_as_concat(node, shapes: dict, constants: dict, w: Writer) -> bool:
-    """A ``Slice`` reversing a whole static axis, as its pieces concatenated in reverse order."""
-    values = [constants.get(name) for name in node.input[1:5]]
-    shape = shapes.get(node.input[0])
-    if any(v is None for v in values) or shape is None or len(values[0]) != 1:
-        raise CannotLower("a Slice with step -1 reverses no whole axis of known size")
-    start, end, axis, step = (int(v[0]) for v in values)
-    axis = axis % len(shape)
-    size = shape[axis]
-    if not size or step != -1 or start not in (-1, size - 1) or end > -size - 1:
-        raise CannotLower("a Slice with step -1 reverses no whole axis of known size")
-    pieces = w.split(node.input[0], [1] * shape[axis], axis, f"{node.output[0]}_piece")
-    w.op("Concat", pieces[::-1], f"{node.output[0]}_reversed", output_names=[node.output[0]], axis=axis)
-    w.replace([node])
-    return True
-
-
 def _time_and_batch(node, shapes: dict) -> tuple:
     """(the static time length, the static batch) of a recurrent node's or Scan's first sequence, or 0s."""
     if node.op_type == "Scan":
@@ -333,23 +288,6 @@ def _time_and_batch(node, shapes: dict) -> tuple:
         return (shape[axis] if len(shape) > axis and shape[axis] else 0), 0
     shape = shapes.get(node.input[0]) or []
     return (shape[0] or 0 if shape else 0), (shape[1] or 0 if len(shape) > 1 else 0)
-
-
-def _shapes(model_proto: onnx.ModelProto) -> dict:
-    """name -> its dimensions (an int, or None where not static), by ONNX's shape inference."""
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model_proto, data_prop=True)
-    except Exception:  # noqa: BLE001 - without inference, only the declared shapes are known
-        inferred = model_proto
-    found = {}
-    graph = inferred.graph
-    for value in list(graph.input) + list(graph.value_info) + list(graph.output):
-        if value.type.tensor_type.HasField("shape"):
-            found[value.name] = [d.dim_value if d.HasField("dim_value") else None
-                                 for d in value.type.tensor_type.shape.dim]
-    for tensor in graph.initializer:
-        found[tensor.name] = list(tensor.dims)
-    return found
 
 
 def check(model_proto: onnx.ModelProto, row: Runtime) -> Optional[Obstacle]:

@@ -16,8 +16,11 @@ from .build import Writer
 from .steps import CannotLower
 
 
-def scan_as_steps(graph: onnx.GraphProto, node: onnx.NodeProto, steps: int, w: Writer) -> None:
-    """Write ``node`` (a ``Scan`` in ``graph``) as ``steps`` copies of its body."""
+def scan_as_steps(graph: onnx.GraphProto, node: onnx.NodeProto, steps: int, w: Writer,
+                  beside_batch: bool = False) -> None:
+    """Write ``node`` (a ``Scan`` in ``graph``) as ``steps`` copies of its body; ``beside_batch``: a per-step
+    output stacked along axis 0 is stacked along axis 1, after its step's axis 0 (the batch axis), and moved
+    to axis 0 by a ``Transpose`` (the same values; pnnx takes axis 0 for the batch axis ncnn lacks)."""
     body = next(a.g for a in node.attribute if a.name == "body")
     scanned = int(attribute(node, "num_scan_inputs"))
     carried = len(node.input) - scanned
@@ -57,9 +60,21 @@ def scan_as_steps(graph: onnx.GraphProto, node: onnx.NodeProto, steps: int, w: W
         axis = out_axes[k]
         if axis < 0:
             raise CannotLower("a Scan output along a negative axis has no steps form here")
+        rank = _rank(body.output[carried + k])
+        if beside_batch and axis == 0 and rank:
+            rows = [w.unsqueeze(v, [1], f"{base}_out{k}_s{t}") for t, v in enumerate(values)]
+            stacked = w.op("Concat", rows, f"{base}_out{k}_beside", axis=1)
+            w.op("Transpose", [stacked], f"{base}_out{k}", output_names=[name], perm=[1, 0] + list(range(2, rank + 1)))
+            continue
         rows = [w.unsqueeze(v, [axis], f"{base}_out{k}_s{t}") for t, v in enumerate(values)]
         w.op("Concat", rows, f"{base}_out{k}", output_names=[name], axis=axis)
     w.replace([node])
+
+
+def _rank(value: onnx.ValueInfoProto) -> int:
+    """The rank ``value`` declares (0 where it declares none)."""
+    kind = value.type.tensor_type
+    return len(kind.shape.dim) if kind.HasField("shape") else 0
 
 
 def _copy_body(body: onnx.GraphProto, mapping: dict, w: Writer, prefix: str) -> None:
