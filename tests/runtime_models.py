@@ -15,8 +15,8 @@ from tf2onnx_rnn.rewriters.runtimes import BY_KEY
 BATCH, TIME, FEATURES, UNITS = 3, 7, 5, 6  # batch unlike time
 TARGETS = ("iree", "tvm", "ncnn", "rknn")
 # every form the report vouches for: the default and portable forms at a fixed shape and with the model's own
-# (dynamic batch) signature, and each target's form
-FORMS = ("default", "portable", "default-dynamic", "portable-dynamic") + TARGETS
+# (dynamic batch) signature, and each target's form (onnxruntime's at a fixed shape)
+FORMS = ("default", "portable", "default-dynamic", "portable-dynamic", "onnxruntime") + TARGETS
 
 
 def model(K, name: str, seed: int):

@@ -457,7 +457,7 @@ RUN_ONLY_WITH = {
     **{(module, ""): {"models": RUNTIME_MODELS} for module in (
         "lower", "lower.build", "lower.fold", "lower.forward", "lower.steps", "lower.scan_steps",
         "lower.float_masks", "lower.ladder", "lower.op_rungs", "lower.per_step")},
-    ("runtimes", "masked_own_step"): {"models": RUNTIME_MODELS},
+    ("obstacles", "masked_own_step"): {"models": RUNTIME_MODELS},
 }
 
 

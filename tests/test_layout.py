@@ -13,11 +13,11 @@ import os
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(ROOT, "tf2onnx_rnn")
 REWRITERS = os.path.join(ROOT, "rewriters")  # installed as tf2onnx_rnn.rewriters
-TOP_LEVEL_REWRITERS = {"__init__", "pipeline", "description", "outcome", "rows", "runtimes"}
+TOP_LEVEL_REWRITERS = {"__init__", "pipeline", "description", "outcome", "rows", "runtimes", "obstacles"}
 # the rewriter package's layers, lowest first: a module may import its own layer and those before it
 # (``__init__`` is the registry of cell families, which the readers ask)
-LAYERS = (("description", "outcome", "runtimes"), ("cells",), ("__init__",), ("readers",), ("emit",), ("scan",),
-          ("lower",), ("rows", "pipeline"))
+LAYERS = (("description", "outcome", "runtimes", "obstacles"), ("cells",), ("__init__",), ("readers",), ("emit",),
+          ("scan",), ("lower",), ("rows", "pipeline"))
 
 
 def _modules() -> dict:

@@ -25,13 +25,15 @@ from onnx import TensorProto, helper, numpy_helper
 
 import helpers
 import parity
-from runtime_models import BATCH, FEATURES, MASKED, MODELS, TARGETS, TIME, UNITS, converted, seed
+from runtime_models import BATCH, FEATURES, MODELS, TARGETS, TIME, UNITS, converted, seed
 from runtime_models import model as _model
 from tf2onnx_rnn import ConversionError, convert_keras, report_of
 from tf2onnx_rnn.rewriters.lower.build import Writer
 from tf2onnx_rnn.rewriters.lower.forward import as_forward_nodes, last_step_as_y_h, read_merged, zero_initial_states
+from tf2onnx_rnn.rewriters.lower.scan_node import node_as_scan
 from tf2onnx_rnn.rewriters.lower.steps import node_as_steps
-from tf2onnx_rnn.rewriters.runtimes import BIDIRECTIONAL, BY_KEY, RUNTIMES, obstacles
+from tf2onnx_rnn.rewriters.obstacles import obstacles
+from tf2onnx_rnn.rewriters.runtimes import BIDIRECTIONAL, BY_KEY, RUNTIMES
 
 GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 
@@ -109,6 +111,26 @@ def test_a_recurrent_node_as_its_steps_computes_the_node(op, direction, lbr, sta
     _assert_same(before, after, feeds)
 
 
+@pytest.mark.parametrize("op,direction,lbr,states,peepholes", [c[:5] for c in NODE_CASES if not c[5]],
+                         ids=lambda v: str(v))
+@pytest.mark.parametrize("sliced", (False, True), ids=("backwards", "sliced"))
+def test_a_recurrent_node_as_a_scan_computes_the_node(op, direction, lbr, states, peepholes, sliced):
+    """Its time and batch left dynamic: zero states made from the input's batch; a backward pass scanning
+    backwards, or forwards over its input reversed by a Slice."""
+    model, feeds = _node_model(op, direction, 5, lbr, states, peepholes, clip=1.5 if states else None)
+    for value in model.graph.input:  # x [T, B, F]; the states [directions, B, H]
+        dims = value.type.tensor_type.shape.dim
+        dims[1].dim_param = "B"
+        if value.name == "x":
+            dims[0].dim_param = "T"
+    before = onnx.ModelProto()
+    before.CopyFrom(model)
+    after = _rewritten(model, lambda g, n, c, w: node_as_scan(g, n, c, w, reversed_by_slices=sliced))
+    assert not helpers.nodes_of_types(after, helpers.RECURRENT_OPS)
+    assert len(helpers.nodes_of_types(after, ["Scan"])) == (2 if direction == "bidirectional" else 1)
+    _assert_same(before, after, feeds)
+
+
 # alpha and beta lists as onnxruntime reads them: consumed in order by the functions that take them
 @pytest.mark.parametrize("direction,activations", [
     ("forward", dict(activations=["HardSigmoid", "Relu", "Elu"], activation_alpha=[0.3, 0.0],
@@ -123,11 +145,13 @@ def test_a_recurrent_node_as_its_steps_computes_the_node(op, direction, lbr, sta
     ("bidirectional", dict(activations=["Sigmoid", "LeakyRelu", "Tanh", "HardSigmoid", "Elu", "Elu"],
                            activation_alpha=[0.1, 0.3, 0.6, 2.0], activation_beta=[0.45]))],
     ids=lambda a: a if isinstance(a, str) else "-".join(a["activations"][:3]))
-def test_the_steps_apply_the_nodes_activations(direction, activations):
+@pytest.mark.parametrize("rung", ("steps", "scan"))
+def test_the_steps_and_the_scan_apply_the_nodes_activations(rung, direction, activations):
     model, feeds = _node_model("LSTM", direction, 2, activations=activations)
     before = onnx.ModelProto()
     before.CopyFrom(model)
-    _assert_same(before, _rewritten(model, lambda g, n, c, w: node_as_steps(g, n, TIME, BATCH, c, w)), feeds)
+    rewrite = (lambda g, n, c, w: node_as_steps(g, n, TIME, BATCH, c, w)) if rung == "steps" else node_as_scan
+    _assert_same(before, _rewritten(model, rewrite), feeds)
 
 
 @pytest.mark.parametrize("op,direction", itertools.product(("LSTM", "GRU", "RNN"), ("reverse", "bidirectional")))

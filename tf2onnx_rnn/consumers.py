@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 import onnx
 
-from .rewriters.runtimes import RUNTIMES, obstacles
+from .rewriters.obstacles import obstacles
+from .rewriters.runtimes import RUNTIMES
 
 logger = logging.getLogger("tf2onnx_rnn")
 
@@ -31,9 +32,11 @@ class Consumers:
     notes: tuple
 
 
-def consumers_of(model_proto: onnx.ModelProto) -> Consumers:
+def consumers_of(model_proto: onnx.ModelProto, written_for=None, steps_written: bool = False) -> Consumers:
     """The report's lines about the runtimes of the table for ``model_proto``. A failure to read one
-    runtime's row costs that runtime's verdict alone, which says so."""
+    runtime's row costs that runtime's verdict alone, which says so. ``written_for``: the row of the runtime
+    whose target wrote the model, ``steps_written``: whether it wrote a layer out as its steps (where the
+    model passes what that runtime compiles in about a minute, a line says so and names the chunked road)."""
     computing, notes, silent, served, unserved = [], [], [], {}, []
     for row in RUNTIMES:
         found, why = _obstacles(model_proto, row)
@@ -58,7 +61,21 @@ def consumers_of(model_proto: onnx.ModelProto) -> Consumers:
     lines = [RUNS_IN + (", ".join(computing) or "none of the runtimes measured")]
     if served or unserved:
         lines.append(_others(served, unserved))
+    if steps_written:
+        lines.extend(_long_steps(model_proto, written_for))
     return Consumers(tuple(lines + silent), tuple(computing), tuple(notes))
+
+
+def _long_steps(model_proto: onnx.ModelProto, row) -> list:
+    """A line where the steps written out make ``model_proto`` larger than ``row``'s runtime compiles in about
+    a minute."""
+    nodes = len(model_proto.graph.node)
+    if row is None or not row.nodes_in_a_minute or nodes <= row.nodes_in_a_minute:
+        return []
+    return [f"note: {nodes} nodes with the layers' steps written out: {row.name} compiles about "
+            f"{row.nodes_in_a_minute} in a minute (measured), more take longer than linearly; for a long or "
+            "unbounded sequence, convert a stateful model over a fixed chunk and feed it chunk by chunk "
+            "(docs/downstream.md, 'Long sequences')"]
 
 
 def _obstacles(model_proto: onnx.ModelProto, row) -> tuple:

@@ -31,11 +31,11 @@ import onnx
 from onnx import helper, numpy_helper
 
 from .errors import ConversionError, first_line, param
+from .rewriters.runtimes import DEFAULT_ACTIVATIONS
 
 HELD_KEY = "tf2onnx_rnn.held"  # metadata: the initializers that hold a gate, never trained
 HOLD = 100.0  # sigmoid(-100) and 1 - sigmoid(100) are below float32's resolution next to 1
 _RECURRENT = ("LSTM", "GRU", "RNN")
-_DEFAULT_ACTIVATIONS = {"LSTM": ("sigmoid", "tanh", "tanh"), "GRU": ("sigmoid", "tanh"), "RNN": ("tanh",)}
 _SEQUENCE_LENS = 4
 _FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16)
 
@@ -120,7 +120,7 @@ def _untrainable(node: onnx.NodeProto) -> str:
         return ("its node takes sequence_lens, which the training kernels do not (a masked LSTM whose final cell "
                 "state is used keeps it)")
     activations = tuple(a.decode().lower() for a in attributes.get("activations", ()))
-    if activations and activations != _DEFAULT_ACTIVATIONS[node.op_type]:
+    if activations and activations != tuple(a.lower() for a in DEFAULT_ACTIVATIONS[node.op_type]):
         return f"its activations {', '.join(a.decode() for a in attributes['activations'])} are not ONNX's defaults"
     others = sorted(set(attributes) - {"hidden_size", "direction", "activations", "linear_before_reset", "layout"})
     if others:

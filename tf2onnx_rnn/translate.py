@@ -19,7 +19,7 @@ from .errors import ConversionError, first_line, param
 from .lean_tf2onnx import lean_passes, shared_parents
 from .options import Options
 from .probes import default_opset
-from .rewriters.outcome import LOOP, STEPS, Findings
+from .rewriters.outcome import LOOP, SCAN, STEPS, Findings
 from .rewriters.runtimes import BY_KEY
 from .sources import Frozen, placeholder_shapes, resolve_names
 
@@ -66,7 +66,27 @@ def to_onnx(frozen: Frozen, options: Options) -> tuple:
     if not options.defaults_states:  # the Scan form's streamed states too
         drop_state_defaults(model_proto, findings)
     _written_model_passes(model_proto, options.portable)
+    if options.portable and not options.runtime:
+        _portable_kernels(model_proto, findings)
     return model_proto, nchw, findings
+
+
+def _portable_kernels(model_proto: onnx.ModelProto, findings: Findings) -> None:
+    """The portable form: each recurrent node whose activations a runtime it is for (OpenVINO, tract,
+    onnx.reference) does not compute in its kernel, as a Scan of its own step (``rewriters.lower``); its row
+    says so. A failure leaves the node, and the report says where it does not run."""
+    from .rewriters.lower.ladder import kernels_as_scans
+    from .rewriters.runtimes import RUNTIMES
+
+    try:
+        written = kernels_as_scans(model_proto, [r for r in RUNTIMES if r.target == "portable"])
+    except Exception as error:  # noqa: BLE001 - the nodes stay, exact in onnxruntime; the report says the rest
+        logger.warning("recurrent nodes stay as written: internal error writing them as Scans: %s: %s",
+                       type(error).__name__, error, exc_info=True)
+        return
+    findings.outcomes = [dataclasses.replace(o, became=SCAN, own_step=True, node=written[o.node][0],
+                                             form="a Scan of its own step (portable form)", reason=written[o.node][1])
+                         if o.node in written else o for o in findings.outcomes]
 
 
 def lower_for_runtime(model_proto: onnx.ModelProto, target: str, report):
@@ -74,7 +94,7 @@ def lower_for_runtime(model_proto: onnx.ModelProto, target: str, report):
     as that runtime's row of ``rewriters.runtimes`` needs), and ``report`` saying how each layer is computed
     there; its inputs must have fixed shapes, and what the runtime still cannot compute is a
     :class:`ConversionError` naming the runtime, the layer and why."""
-    from .rewriters.runtimes import batched_input
+    from .rewriters.obstacles import batched_input
 
     row = BY_KEY[target]
     constants = {t.name for t in model_proto.graph.initializer}
@@ -101,10 +121,15 @@ def lower_for_runtime(model_proto: onnx.ModelProto, target: str, report):
         raise ConversionError(f"{param('target')} {target}: internal error while writing the model for {row.name}: "
                               f"{type(error).__name__}: {first_line(str(error))}") from None
     rows = []
+    scans = {n.name for n in model_proto.graph.node if n.op_type == "Scan"}
     for o in report.outcomes:
         form = lowered.forms.get(o.node)
         if form is None:
             rows.append(o)
+        elif lowered.nodes[o.node] in scans and not o.own_step:  # its node's kernel, not its cell, was the trouble
+            rows.append(dataclasses.replace(o, became=SCAN, node=lowered.nodes[o.node], own_step=True,
+                                            form=f"for {row.name}: {form}",
+                                            reason=f"{row.name} does not compute its {o.became} node as written"))
         elif lowered.nodes[o.node]:
             rows.append(dataclasses.replace(o, node=lowered.nodes[o.node], form=f"for {row.name}: {form}"))
         else:
@@ -118,7 +143,7 @@ def _lowered(model_proto: onnx.ModelProto, target: str, row, report):
     """``model_proto`` lowered for ``row``'s runtime, or the :class:`ConversionError` saying what it cannot
     compute (and why a layer is not in the form the runtime's target writes, where the report says)."""
     from .rewriters.lower import lower_for
-    from .rewriters.runtimes import masked_own_step
+    from .rewriters.obstacles import masked_own_step
 
     masked = [o for o in report.outcomes if o.mask or (o.reason and o.reason == masked_own_step(row))]
     if row.masks and masked:
@@ -212,8 +237,8 @@ def _rewriter(frozen: Frozen, options: Options) -> tuple:
     this guards importing it and setting it up (the conversion then goes on without fusing, exact, and
     every recurrent loop's row says why)."""
     try:
+        from .rewriters.obstacles import masked_own_step
         from .rewriters.pipeline import make_rewriter  # imported late: it imports tf2onnx, hence TensorFlow
-        from .rewriters.runtimes import masked_own_step
 
         findings = Findings()
         return make_rewriter(findings, frozen.layer_names, portable=options.portable,

@@ -208,7 +208,9 @@ class _Recurrence:
 def _body(pass_, dtype: np.dtype):
     """The Scan body: (h, x W^T + b at step t) -> (the next h, the step's output: the same)."""
     elem = helper.np_dtype_to_tensor_dtype(dtype)
-    nodes = [helper.make_node("MatMul", ["h", "R_T"], ["hR"]), helper.make_node("Add", ["xw", "hR"], ["a"])]
+    # the recurrent product first: OpenVINO 2026.4 fuses Tanh(Add(x, MatMul(h, R))) in a Scan's step into its RNN
+    # cell with the operands mixed up, silently (1.7 off, measured; this order is exact)
+    nodes = [helper.make_node("MatMul", ["h", "R_T"], ["hR"]), helper.make_node("Add", ["hR", "xw"], ["a"])]
     # the activation gives the next h itself, the step's output is its copy (one copy per step, not two)
     nodes += _activation_nodes(pass_.activations[0], "a", "next_h", dtype)
     nodes.append(helper.make_node("Identity", ["next_h"], ["y"]))

@@ -4,7 +4,7 @@ Fixed input shapes first fold what they decide (:mod:`.fold`). The rungs, highes
 it is; its absent initial states given as zeros and a read
 ``Y_h`` taken from ``Y`` (:mod:`.forward`); a backward pass as a forward node over its input reversed
 (:mod:`.forward`); its steps written out for the fixed time length (:mod:`.steps`, :mod:`.scan_steps`).
-Each node climbs down one rung at a time while :func:`..runtimes.node_obstacles` names something its
+Each node climbs down one rung at a time while :func:`..obstacles.node_obstacles` names something its
 runtime lacks, by the obstacle's kind, never by the runtime's name. Other ops a runtime lacks or reads
 otherwise than ONNX are written in ops it computes (:mod:`.op_rungs`: a ``Slice`` of step -1 it drops as
 its pieces' ``Concat`` in reverse order, a ``Split`` given its sizes, ...). What is left is returned: the
@@ -19,18 +19,16 @@ from typing import Optional
 import numpy as np
 import onnx
 
+from ..obstacles import Obstacle, node_obstacles, obstacles
 from ..runtimes import (
     BIDIRECTIONAL,
     FORWARD,
     INITIAL_C,
     INITIAL_H,
     RECURRENT_OPS,
-    Obstacle,
     Runtime,
     attribute,
     constant_values,
-    node_obstacles,
-    obstacles,
     readers_of,
     static_shapes,
 )
@@ -48,6 +46,7 @@ from .forward import (
 )
 from .op_rungs import OP_RUNGS
 from .per_step import convolution_per_step, merged_transposes
+from .scan_node import node_as_scan
 from .scan_steps import scan_as_steps
 from .steps import CannotLower, node_as_steps
 
@@ -118,6 +117,24 @@ def lower_for(model_proto: onnx.ModelProto, row: Runtime) -> Lowered:
     return done
 
 
+def kernels_as_scans(model_proto: onnx.ModelProto, rows: list) -> list:
+    """Each recurrent node of ``model_proto``'s main graph whose activations one of ``rows``' runtimes does not
+    compute in its kernel written as a Scan of its own step, in place, at any time length and batch (the
+    portable form: OpenVINO refuses a HardSigmoid gate, tract and onnx.reference compute the default functions
+    whatever is written); returns {the node's name: (the first Scan's name, why)}."""
+    graph = model_proto.graph
+    opset = next((o.version for o in model_proto.opset_import if o.domain in ("", "ai.onnx")), 17)
+    constants, readers, written = constant_values(graph), readers_of(graph), {}
+    for node in [n for n in graph.node if n.op_type in RECURRENT_OPS]:
+        why = [f"{row.name} {o.why}" for row in rows for o in node_obstacles(node, row, constants, False, readers)
+               if o.kind == "activations"]
+        if why:
+            w = Writer(graph, opset, names_of(graph))
+            node_as_scan(graph, node, constants.get, w)
+            written[node.name] = (next(n.name for n in w.placed if n.op_type == "Scan"), "; ".join(why))
+    return written
+
+
 def _contained(step: str, error: Exception) -> str:
     """``error`` in words, logged (its traceback at debug level): the step it stopped is left out."""
     logger.debug("%s raised", step, exc_info=True)
@@ -175,6 +192,9 @@ def _one_rung(graph, node, found: list, row: Runtime, shapes: dict, constants: d
     if kinds <= {"y_h", "initial_states"}:
         last_step_as_y_h(graph, node, w)
         return True
+    if "activations" in kinds and row.scan != "none":  # one step, whatever the length: the kernel is the trouble
+        node_as_scan(graph, node, constants.get, w, batch, reversed_by_slices=row.scan_backward != "exact")
+        return "a Scan of its own step"
     if not steps:
         raise CannotLower(f"its {node.op_type} needs a fixed time length: give the inputs fixed shapes")
     node_as_steps(graph, node, steps, batch, constants.get, w)

@@ -19,11 +19,22 @@ import numpy as np
 import onnx
 
 from ..description import TAKES_ALPHA, TAKES_BETA, Activation
-from ..runtimes import FORWARD, INITIAL_C, INITIAL_H, PEEPHOLES, REVERSE, SEQUENCE_LENS, Y_C, Y_H, Y, attribute
+from ..runtimes import (
+    DEFAULT_ACTIVATIONS,
+    FORWARD,
+    INITIAL_C,
+    INITIAL_H,
+    PEEPHOLES,
+    REVERSE,
+    SEQUENCE_LENS,
+    Y_C,
+    Y_H,
+    Y,
+    attribute,
+)
 from .build import Writer
 
 GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
-DEFAULT_ACTIVATIONS = {"LSTM": ["Sigmoid", "Tanh", "Tanh"], "GRU": ["Sigmoid", "Tanh"], "RNN": ["Tanh"]}
 
 
 class CannotLower(Exception):
@@ -37,7 +48,7 @@ def activations_of(node: onnx.NodeProto, directions: int) -> list:
     op = node.op_type
     names = list(attribute(node, "activations", []))
     per = len(DEFAULT_ACTIVATIONS[op])
-    names = names or DEFAULT_ACTIVATIONS[op] * directions
+    names = names or list(DEFAULT_ACTIVATIONS[op]) * directions
     alphas, betas = iter(attribute(node, "activation_alpha", [])), iter(attribute(node, "activation_beta", []))
     made = [Activation(n, next(alphas, None) if n in TAKES_ALPHA else None,
                        next(betas, None) if n in TAKES_BETA else None) for n in names]
@@ -49,8 +60,9 @@ def apply(w: Writer, activation: Activation, x: str, base: str) -> str:
     name, alpha, beta = activation.name.lower(), activation.alpha, activation.beta
     if name in ("sigmoid", "tanh", "relu", "softplus"):
         return w.op({"sigmoid": "Sigmoid", "tanh": "Tanh", "relu": "Relu", "softplus": "Softplus"}[name], [x], base)
-    if name == "softsign":  # x / (1 + |x|): IREE 3.13 has no Softsign op below opset 22 (measured)
-        one_plus = w.op("Add", [w.op("Abs", [x], base), w.const(w.float(1.0), f"{base}_one")], base)
+    if name == "softsign":  # x / (1 + |x|): IREE 3.13 has no Softsign op below opset 22; pnnx takes x / (|x| + 1)
+        # for its F.softsign, which ncnn has no layer for, and leaves 1 + |x| as it is (measured)
+        one_plus = w.op("Add", [w.const(w.float(1.0), f"{base}_one"), w.op("Abs", [x], base)], base)
         return w.op("Div", [x, one_plus], base)
     if name == "thresholdedrelu":
         return w.op("ThresholdedRelu", [x], base, alpha=1.0 if alpha is None else alpha)
@@ -92,7 +104,7 @@ def node_as_steps(graph: onnx.GraphProto, node: onnx.NodeProto, steps: int, batc
     direction = attribute(node, "direction", FORWARD)
     if attribute(node, "layout", 0) or attribute(node, "input_forget", 0):
         raise CannotLower(f"{op} with layout=1 or input_forget has no steps form here")
-    passes = _passes(node, constants, hidden, direction)
+    passes = passes_of(node, constants, hidden, direction)
     lengths = node.input[SEQUENCE_LENS] if len(node.input) > SEQUENCE_LENS and node.input[SEQUENCE_LENS] else ""
     if lengths and any(p.reverse for p in passes):
         raise CannotLower(f"a reverse {op} pass with sequence_lens has no steps form here")
@@ -119,7 +131,8 @@ def node_as_steps(graph: onnx.GraphProto, node: onnx.NodeProto, steps: int, batc
     w.replace([node])
 
 
-def _passes(node, constants, hidden: int, direction: str) -> list:
+def passes_of(node, constants, hidden: int, direction: str) -> list:
+    """The node's directions, their weights read as constants (``constants(name)``: a value or None)."""
     op, gates = node.op_type, GATES[node.op_type]
     values = [constants(node.input[k]) if len(node.input) > k and node.input[k] else None for k in (1, 2, 3)]
     if values[0] is None or values[1] is None or (len(node.input) > 3 and node.input[3] and values[2] is None):
@@ -162,16 +175,13 @@ def _step_masks(w: Writer, lengths: str, steps: int, base: str) -> list:
 def _direction(w: Writer, op: str, p: _Pass, x: str, steps: int, hidden: int, h: str, c, clip, masks, base: str):
     """One pass: (Y of this direction [T, B, H], its final h [1, B, H], its final c or None)."""
     gates = GATES[op]
-    outside = p.wb + p.rb  # a GRU applying its reset after the product keeps its candidate's recurrent bias in it
-    if op == "GRU" and p.linear_before_reset:
-        outside = np.concatenate([outside[:2 * hidden], p.wb[2 * hidden:]])
     projected = w.op("MatMul", [x, w.const(np.ascontiguousarray(p.w.T), f"{base}_W")], f"{base}_xw")
-    projected = w.op("Add", [projected, w.const(outside.astype(p.w.dtype), f"{base}_bias")], f"{base}_xwb")
+    projected = w.op("Add", [projected, w.const(outside_bias(op, p, hidden), f"{base}_bias")], f"{base}_xwb")
     pieces = w.split(projected, [1] * steps, 0, f"{base}_step")
     order = range(steps - 1, -1, -1) if p.reverse else range(steps)
     outputs = [None] * steps
     for t in order:
-        new_h, new_c = _cell(w, op, p, pieces[t], h, c, hidden, gates, clip, f"{base}_t{t}")
+        new_h, new_c = cell(w, op, p, pieces[t], h, c, hidden, gates, clip, f"{base}_t{t}")
         if masks is not None:
             new_h, new_c = (_keep(w, masks[t], new, old, f"{base}_t{t}_keep") if new else None
                             for new, old in ((new_h, h), (new_c, c)))
@@ -185,22 +195,33 @@ def _direction(w: Writer, op: str, p: _Pass, x: str, steps: int, hidden: int, h:
     return y, h, c
 
 
+def outside_bias(op: str, p: _Pass, hidden: int) -> np.ndarray:
+    """The biases added to the input's part, outside the recurrence: both, but a GRU applying its reset after
+    the product keeps its candidate's recurrent bias inside it."""
+    outside = p.wb + p.rb
+    if op == "GRU" and p.linear_before_reset:
+        outside = np.concatenate([outside[:2 * hidden], p.wb[2 * hidden:]])
+    return outside.astype(p.w.dtype)
+
+
 def _keep(w: Writer, mask: str, new: str, old: str, base: str) -> str:
     """mask * new + (1 - mask) * old: new within the row's length, old past it."""
     one_minus = w.op("Sub", [w.const(w.float(1.0), f"{base}_one"), mask], base)
     return w.op("Add", [w.op("Mul", [new, mask], base), w.op("Mul", [old, one_minus], base)], base)
 
 
-def _cell(w: Writer, op: str, p: _Pass, xw: str, h: str, c, hidden: int, gates: int, clip, base: str):
-    """One step: (the new h, the new c or None); ``xw`` [1, B, G*H] holds the input's part."""
+def cell(w: Writer, op: str, p: _Pass, xw: str, h: str, c, hidden: int, gates: int, clip, base: str):
+    """One step: (the new h, the new c or None); ``xw`` [..., B, G*H] holds the input's part, ``h`` and ``c``
+    [..., B, H] the states."""
     def act(k, value, name):
         if clip is not None:
             value = w.op("Clip", [value, w.const(w.float(-clip), f"{name}_lo"),
                                   w.const(w.float(clip), f"{name}_hi")], f"{name}_clip")
         return apply(w, p.activations[k], value, name)
 
-    if op == "RNN":
-        total = w.op("Add", [xw, w.op("MatMul", [h, _weight(w, p, "R", p.r)], base)], base)
+    if op == "RNN":  # the recurrent product first: OpenVINO 2026.4 fuses a Scan's step Tanh(Add(x, MatMul(h, R)))
+        # into its RNN cell with the operands mixed up, silently (measured: 1.7 off; the other order is exact)
+        total = w.op("Add", [w.op("MatMul", [h, _weight(w, p, "R", p.r)], base), xw], base)
         return act(0, total, f"{base}_h"), None
     if op == "LSTM":
         total = w.op("Add", [xw, w.op("MatMul", [h, _weight(w, p, "R", p.r)], base)], base)

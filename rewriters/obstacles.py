@@ -1,0 +1,265 @@
+"""Why a runtime does not compute a written model as ONNX defines it, read from its row of the table.
+
+:func:`obstacles` walks a written model (its subgraphs included) and gives, for one row of
+:mod:`.runtimes`, every :class:`Obstacle`: the node, why, whether the runtime's result is silently wrong,
+and the kind of what it lacks (``op``, ``direction``, ``y_h``, ``initial_states``, ``activations``, ...).
+The report's lines read them (where the model runs, and a warning for each silent one), and the lowering
+(:mod:`.lower`) asks :func:`node_obstacles` which rung a node must stand on, by the kinds, never by the
+runtime's name.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import onnx
+
+from .runtimes import (
+    BIDIRECTIONAL,
+    DEFAULT_ACTIVATIONS,
+    FORWARD,
+    INITIAL_C,
+    INITIAL_H,
+    MASK_BOOLS,
+    PEEPHOLES,
+    RECURRENT_OPS,
+    REVERSE,
+    SEQUENCE_LENS,
+    Y_C,
+    Y_H,
+    Runtime,
+    Y,
+    attribute,
+    constant_values,
+    merges_directions,
+    nodes_of,
+    readers_of,
+    slot,
+    squeezes_axis_1,
+    static_shapes,
+)
+
+_COMPACTION = frozenset({"ScatterND", "GatherND", "CumSum"})  # the portable form's mask: compaction and restore
+
+
+def masked_own_step(row: Optional[Runtime]) -> str:
+    """Why a masked layer is written as its own step for ``row``'s runtime ("" where a native node's mask
+    runs there): the runtime lacks ops the mask's compaction around a native node needs."""
+    missing = sorted(row.lacks & _COMPACTION) if row is not None else []
+    missing += ["the mask's bool ops"] if row is not None and row.lacks & MASK_BOOLS else []
+    if not missing:
+        return ""
+    return (f"{row.name} has no {', '.join(missing)}, which a native node's mask needs: the masked layer is its "
+            "own step, the mask applied at each step")
+
+
+@dataclass(frozen=True)
+class Obstacle:
+    """Why ``runtime`` does not compute a node of a written model as ONNX defines it."""
+
+    node: str
+    why: str
+    silent: bool = False  # the runtime gives a wrong result, no error
+    kind: str = "op"  # what about the node: op, direction, y_h, initial_states, scan, slice, inputs, ...
+
+
+def obstacles(model_proto: onnx.ModelProto, row: Runtime) -> list:
+    """What keeps ``row``'s runtime from computing ``model_proto`` as ONNX defines it (empty: nothing
+    among the facts the table holds)."""
+    constants: dict = {}
+    found: list = []
+    static = _static_inputs(model_proto)
+    convs = not row.batched_conv and any(n.op_type == "Conv" for n in model_proto.graph.node)
+    shapes = static_shapes(model_proto) if convs else None  # shape inference only where a fact asks for it
+    whole = readers_of(model_proto.graph)
+    readers: dict = {}  # id of a graph -> what reads each name, its own outputs read by None
+    for graph, node in nodes_of(model_proto.graph):
+        if id(graph) not in readers:
+            constants.update(constant_values(graph))
+            readers[id(graph)] = {**whole, **{o.name: whole.get(o.name, []) + [None] for o in graph.output}} \
+                if graph is not model_proto.graph else whole
+        found.extend(node_obstacles(node, row, constants, static, readers[id(graph)],
+                                    shapes if graph is model_proto.graph else None))
+    ranks = [len(i.type.tensor_type.shape.dim) for i in model_proto.graph.input]
+    if row.max_input_rank and max(ranks, default=0) > row.max_input_rank:
+        found.insert(0, Obstacle("inputs", f"takes no input of rank {max(ranks)}", kind="rank"))
+    if static and not row.squeezes_unknown:
+        found.extend(_unknown_squeezes(model_proto))
+    batched = batched_input(model_proto) if row.batch_one and static else None
+    if batched is not None:
+        found.insert(0, Obstacle("inputs", f"computes one batch row at a time: input {batched.name} has batch "
+                                           f"{batched.type.tensor_type.shape.dim[0].dim_value}", kind="batch"))
+    if row.static_shapes and not static:
+        found.insert(0, Obstacle("inputs", "compiles fixed shapes only: the model's inputs have dynamic dimensions",
+                                    kind="inputs"))
+    return found
+
+
+def _static_inputs(model_proto: onnx.ModelProto) -> bool:
+    constants = {t.name for t in model_proto.graph.initializer}
+    return all(d.HasField("dim_value") for i in model_proto.graph.input if i.name not in constants
+               for d in i.type.tensor_type.shape.dim)
+
+
+def _unknown_squeezes(model_proto: onnx.ModelProto) -> list:
+    """An obstacle per ``Squeeze`` of the main graph whose input has a dimension ONNX's shape inference leaves
+    unknown (the model's inputs of fixed shapes)."""
+    squeezes = [n for n in model_proto.graph.node if n.op_type == "Squeeze"]
+    if not squeezes:
+        return []
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model_proto, data_prop=True).graph
+    except Exception:  # noqa: BLE001 - without inference, no dimension is known but those declared
+        inferred = model_proto.graph
+    known = {v.name: v.type.tensor_type.shape for v in list(inferred.input) + list(inferred.value_info)
+             + list(inferred.output) if v.type.tensor_type.HasField("shape")}
+    known.update({t.name: None for t in model_proto.graph.initializer})
+    return [Obstacle(n.name or n.output[0], "fails to compile a Squeeze of a tensor whose shape it cannot fix "
+                                            "('tensor.collapse_shape')", kind="shape")
+            for n in squeezes if n.input[0] not in known
+            or (known[n.input[0]] is not None and not all(d.HasField("dim_value") for d in known[n.input[0]].dim))]
+
+
+def batched_input(model_proto: onnx.ModelProto):
+    """The first input (of fixed shape) whose batch axis is not 1, or None."""
+    constants = {t.name for t in model_proto.graph.initializer}
+    return next((i for i in model_proto.graph.input if i.name not in constants and i.type.tensor_type.shape.dim
+                 and i.type.tensor_type.shape.dim[0].dim_value != 1), None)
+
+
+def node_obstacles(node: onnx.NodeProto, row: Runtime, constants: dict, static: bool, readers: dict,
+                   shapes: Optional[dict] = None) -> list:
+    """The obstacles of one node (``constants``: name -> value of the constants it may read; ``readers``:
+    name -> the nodes that read it, None for a graph output; ``shapes``: name -> its static dimensions, where
+    the row asks for them)."""
+    name = node.name or node.output[0]
+    if node.domain not in ("", "ai.onnx"):
+        return []
+    if node.op_type in row.lacks:
+        kind = {"ReverseSequence": "reversal", "GatherElements": "gather"}.get(
+            node.op_type, "bool" if node.op_type in MASK_BOOLS else "op")
+        return [Obstacle(name, f"has no {node.op_type}", kind=kind)]
+    if node.op_type in RECURRENT_OPS:
+        return _recurrent(node, row, constants, readers, name)
+    if node.op_type == "Scan":
+        if row.scan == "none":
+            return [Obstacle(name, "has no Scan", kind="scan")]
+        if row.scan == "static" and not static:
+            return [Obstacle(name, "gives a Scan with dynamic dimensions the wrong output shape", True, "scan")]
+        if row.scan_backward != "exact" and any(any(attribute(node, f"scan_{kind}_directions", []))
+                                                for kind in ("input", "output")):
+            silent = row.scan_backward == "wrong"
+            return [Obstacle(name, "computes a Scan running backwards otherwise than ONNX" if silent
+                             else "has no Scan running backwards", silent, "scan")]
+        if not row.scan_squeeze and any(n.op_type == "Squeeze" for n in _body(node)):
+            return [Obstacle(name, "fails to compile a Squeeze in a Scan's step", kind="scan")]
+    if node.op_type == "Gemm" and not row.computed_gemm_bias and len(node.input) > 2 and node.input[2] \
+            and node.input[2] not in constants:
+        return [Obstacle(name, "has no Gemm whose C is computed", kind="gemm")]
+    if node.op_type == "Conv" and not row.batched_conv and ((shapes or {}).get(node.input[0]) or [0])[0] > 1:
+        return [Obstacle(name, "takes a Conv's axis 0 for the batch axis its blobs lack: a Conv over several "
+                               "images at once does not load", kind="batched")]
+    if node.op_type == "Concat" and not row.empty_concat and any(
+            name in constants and np.size(constants[name]) == 0 for name in node.input):
+        return [Obstacle(name, "loads a Concat of an empty constant wrongly or not at all", True, "empty")]
+    if node.op_type == "Split" and not row.unsized_split and not slot(node.input, 1) \
+            and attribute(node, "split") is None:
+        return [Obstacle(name, "crashes on a Split whose sizes are not given", kind="split")]
+    if node.op_type == "Slice" and row.negative_step_slice == "dropped" and _negative_step(node, constants):
+        return [Obstacle(name, "drops a Slice with step -1", True, "slice")]
+    return []
+
+
+def _recurrent(node, row: Runtime, constants: dict, readers: dict, name: str) -> list:
+    op, found = node.op_type, []
+    direction = attribute(node, "direction", FORWARD)
+    if direction == REVERSE and row.reverse_runs_forward and op in row.recurrent:
+        found.append(Obstacle(name, f"computes a reverse {op} forward", True, "direction"))
+    elif direction not in row.recurrent.get(op, ()):
+        found.append(Obstacle(name, f"has no {op}" if op not in row.recurrent else f"has no {direction} {op}",
+                              kind="direction" if op in row.recurrent else "op"))
+        return found
+    if op == "GRU" and not attribute(node, "linear_before_reset", 0) and row.gru_linear_before_reset_0 != "exact":
+        silent = row.gru_linear_before_reset_0 == "as 1"
+        found.append(Obstacle(name, ("computes a GRU of linear_before_reset=0 as 1" if silent else
+                                     "has no GRU with linear_before_reset=0") + " (Keras's reset_after=False)",
+                              silent, "op"))
+    found.extend(_activations(node, row.activations.get(op), 2 if direction == BIDIRECTIONAL else 1, name))
+    lengths = slot(node.input, SEQUENCE_LENS)
+    if lengths:
+        if row.sequence_lens == "ignored" and lengths not in constants:
+            found.append(Obstacle(name, f"ignores {op}'s computed sequence_lens", True, "sequence_lens"))
+        elif row.sequence_lens == "constant" and lengths not in constants:
+            found.append(Obstacle(name, f"takes {op}'s sequence_lens only as a constant", kind="sequence_lens"))
+        elif row.sequence_lens == "none":
+            found.append(Obstacle(name, f"has no {op} with sequence_lens", kind="sequence_lens"))
+    if op == "LSTM" and slot(node.input, PEEPHOLES) and row.peepholes != "exact":
+        found.append(Obstacle(name, "computes LSTM peepholes otherwise than ONNX", row.peepholes == "wrong",
+                              "peepholes"))
+    if slot(node.output, Y_H) and slot(node.output, Y_H) in readers and op not in row.reads_y_h:
+        found.append(Obstacle(name, f"fails on a read Y_h of {op}", kind="y_h"))
+    if op == "LSTM" and slot(node.output, Y_C) and slot(node.output, Y_C) in readers and not row.reads_y_c:
+        found.append(Obstacle(name, "fails on a read Y_c of LSTM", kind="op"))
+    if row.recurrent_read_as == "squeezed" and direction == FORWARD and not _squeezed(node.output[Y], readers,
+                                                                                          constants):
+        found.append(Obstacle(name, f"maps {op} only when its Y alone is read, by a Squeeze of its axis 1",
+                              kind="y_h"))
+    if row.recurrent_read_as == "squeezed" and direction == BIDIRECTIONAL and not _merged(node, readers, constants):
+        found.append(Obstacle(name, f"maps a bidirectional {op} only when its Y alone is read, by a Transpose(0, 2, "
+                                    "1, 3) and a Reshape to [T, B, 2H]", kind="y_h"))
+    if not row.given_states and any(slot(node.input, s) for s in (INITIAL_H, INITIAL_C)):
+        found.append(Obstacle(name, f"maps {op} only without initial states", kind="given_states"))
+    if op in row.initial_states_needed and not slot(node.input, INITIAL_H):
+        found.append(Obstacle(name, f"fails on {op} without initial states", kind="initial_states"))
+    elif op in row.all_states_need_initial and not slot(node.input, INITIAL_H) and \
+            all(slot(node.output, k) in readers for k in (Y, Y_H, Y_C)):
+        found.append(Obstacle(name, f"fails on {op} without initial states whose Y, Y_h and Y_c are all read",
+                              kind="initial_states"))
+    return found
+
+
+def _activations(node: onnx.NodeProto, facts, directions: int, name: str) -> list:
+    """The obstacle of ``node``'s activation functions for a runtime computing ``facts`` of them (none: every
+    list, or the list written is one it computes)."""
+    op, written = node.op_type, attribute(node, "activations", [])
+    if facts is None or not written:
+        return []
+    defaults = list(DEFAULT_ACTIVATIONS[op]) * directions
+    wrong = {n for n, d in zip(written, defaults) if n != d} if facts.defaults_only else set()
+    wrong |= set() if facts.computes is None else set(written) - facts.computes
+    half = len(written) // directions
+    if not wrong and not facts.per_direction and directions == 2 and written[:half] != written[half:]:
+        return [Obstacle(name, f"computes both directions of {op} with the forward one's functions", True,
+                         "activations")]
+    if not wrong:
+        return []
+    silent = facts.silent is True or (bool(facts.silent) and wrong <= facts.silent)
+    what = ", ".join(sorted(wrong))
+    return [Obstacle(name, f"computes {op}'s {what} otherwise than ONNX" if silent else f"has no {op} with {what}",
+                     silent, "activations")]
+
+
+def _negative_step(node: onnx.NodeProto, constants: dict) -> bool:
+    steps = constants.get(node.input[4]) if len(node.input) > 4 and node.input[4] else None
+    return len(node.input) > 4 and bool(node.input[4]) and (steps is None or bool((np.asarray(steps) < 0).any()))
+
+
+def _body(node: onnx.NodeProto) -> list:
+    return [n for a in node.attribute if a.type == onnx.AttributeProto.GRAPH for _, n in nodes_of(a.g)]
+
+
+def _squeezed(y: str, readers: dict, constants: dict) -> bool:
+    """A recurrent node's Y read once, by a Squeeze of axis 1 (its axes given as an attribute or a constant)."""
+    found = readers.get(y, []) if y else []
+    return len(found) == 1 and squeezes_axis_1(found[0], constants)
+
+
+def _merged(node: onnx.NodeProto, readers: dict, constants: dict) -> bool:
+    """A bidirectional node's Y read once, by a Transpose(0, 2, 1, 3) read once, by a Reshape to [T, B, 2H]."""
+    found = readers.get(node.output[Y], []) if node.output and node.output[Y] else []
+    if len(found) != 1 or found[0] is None or not found[0].output:
+        return False
+    after = readers.get(found[0].output[0], [])
+    return len(after) == 1 and merges_directions(found[0], after[0], int(attribute(node, "hidden_size", 0)),
+                                                 constants)
