@@ -190,6 +190,18 @@ class ModelSpec:
             return "either" if layer.expressible else "kept"
         return "fused" if layer.expressible else "kept"
 
+    def own_step(self, layer: LayerSpec) -> bool:
+        """Whether the portable form writes ``layer``'s node as a Scan of its own step: its functions are not its
+        kind's defaults (tract and onnx.reference compute the defaults whatever a node names, OpenVINO refuses
+        HardSigmoid), unless it is a masked LSTM whose final c is read (its node keeps its sequence_lens)."""
+        if self.target != "portable":
+            return False
+        if layer.cell is not None:
+            return layer.cell == "standard_linear"
+        defaults = layer.activation == "tanh" and layer.recurrent_activation in (None, "sigmoid")
+        c_read = layer.kind == "LSTM" and self.mask != "none" and self.return_state and layer is self.layers[-1]
+        return not defaults and not c_read
+
     def two_folded_steps(self, layer: LayerSpec) -> bool:
         """Two unrolled steps at a fixed batch, the first folded with its constant zero states: nothing is
         left to compare it with. The layer may stay for that reason, whatever its type (a float64 layer's
@@ -459,7 +471,10 @@ def structure_problems(spec: ModelSpec, proto: onnx.ModelProto) -> tuple:
 
     # every entry: fused into an existing native node, or a Loop with a reason
     for o in outcomes:
-        if o.fused:
+        if o.own_step and o.became == "Scan" and spec.target == "portable":
+            if getattr(nodes.get(o.node), "op_type", None) != "Scan":
+                problems.append(f"{o.layer}: a Scan of its own step names node {o.node!r}, not a Scan")
+        elif o.fused:
             node = nodes.get(o.node)
             if o.became not in helpers.RECURRENT_OPS | ({"Scan"} if spec.target == "onnxruntime" else set()):
                 problems.append(f"{o.layer}: became {o.became!r}, neither a native op nor Loop")
@@ -496,14 +511,20 @@ def structure_problems(spec: ModelSpec, proto: onnx.ModelProto) -> tuple:
                 fused_nodes += len({o.node for o in entries}) if two_nodes else 1
         kept_as = "unrolled ops" if ls.unroll else "Scan"  # a loop no native node computes: a Scan of its step
         for o in entries:
-            if not o.fused and o.became != kept_as and not (kept_as == "Scan" and o.became == "Loop"):
+            own_scan = spec.own_step(ls) and o.own_step and o.became == "Scan"  # a node the portable form's
+            # runtimes do not compute: a Scan of the node's own step
+            if not o.fused and o.became != kept_as and not (kept_as == "Scan" and o.became == "Loop") \
+                    and not own_scan:
                 problems.append(f"{o.layer}: became {o.became!r}, expected {kept_as} (or fused)")
             if o.fused and o.became != spec.fused_op(ls):
                 problems.append(f"{o.layer}: became {o.became}, expected {spec.fused_op(ls)}")
             if o.fused and o.unrolled != (spec.fixed_time if ls.unroll else 0):
                 problems.append(f"{o.layer}: reported {o.unrolled} unrolled steps")
         if expectation == "fused":
-            unfused = [f"{o.layer}: {o.reason}" for o in entries if not o.fused]
+            unfused = [f"{o.layer}: {o.reason}" for o in entries if not o.fused
+                       and not (spec.own_step(ls) and o.own_step and o.became == "Scan")]
+            if spec.own_step(ls) and any(o.fused for o in entries):
+                problems.append(f"{name}: a native node in the portable form, with functions its runtimes lack")
             if unfused:
                 cell = f"{ls.cell or ls.activation}/{ls.recurrent_activation}"
                 problems.append(f"{name} ({cell}) was not fused: {unfused}")
@@ -540,7 +561,8 @@ def structure_problems(spec: ModelSpec, proto: onnx.ModelProto) -> tuple:
                         f"{[n.name for n in form_scans]}")
     loops = [n for n in loops if n.name not in fused_scans]
     loop_rows = sum(o.became == "Loop" or o.own_step for o in outcomes)
-    if all(spec.expectation(ls) == "fused" for ls in spec.layers) and loops:
+    own_scans = {o.node for o in outcomes if o.own_step and o.became == "Scan" and spec.target == "portable"}
+    if all(spec.expectation(ls) == "fused" for ls in spec.layers) and [n for n in loops if n.name not in own_scans]:
         problems.append(f"Loop/Scan nodes left: {[(n.op_type, n.name) for n in loops]}")
     scans = [n.name for n in loops if n.op_type == "Scan" and n.name not in {o.node for o in outcomes}]
     if scans:

@@ -343,3 +343,25 @@ def test_command_line_target_portable(tmp_path, capfd):
     batch *= masking.mask_batch(["pre", "holed", "empty", "full"], 7)[:, :, None]
     (got,) = helpers.ort_session(proto).run(None, {"x": batch})
     np.testing.assert_allclose(got, np.asarray(model(batch, training=False)), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("flavor", parity.FLAVORS)
+def test_a_layer_whose_functions_a_portable_runtime_lacks_is_a_scan_of_its_own_step_and_its_row_says_so(flavor):
+    """hard_sigmoid gates (OpenVINO's LSTM refuses HardSigmoid; tract computes its default functions
+    whatever is written): in the portable form that layer becomes a Scan of its own step, its row says
+    Scan (not 'removed'), the plain layer after it stays a native node, and both equal Keras."""
+    K = parity.keras_module(flavor)
+    x = K.Input((None, 3), name="x")
+    y = K.layers.LSTM(4, recurrent_activation="hard_sigmoid", return_sequences=True, name="hard")(x)
+    model = K.Model(x, K.layers.GRU(3, name="plain")(y))
+    parity.randomize_weights(model, seed=7)
+    proto = tf2onnx_rnn.convert_keras(model, target="portable")
+    rows = {o.layer: o for o in report_of(proto).outcomes}
+    scans = helpers.nodes_of_types(proto, {"Scan"})
+    assert rows["hard"].became == "Scan" and rows["hard"].own_step, report_of(proto).table()
+    assert [n.name for n in scans] == [rows["hard"].node]
+    assert rows["plain"].became == "GRU" and [n.op_type for n in helpers.nodes_of_types(proto, helpers.RECURRENT_OPS)
+                                              ] == ["GRU"]
+    x_ = np.random.default_rng(5).standard_normal((3, 7, 3)).astype(np.float32)
+    np.testing.assert_allclose(helpers.ort_session(proto).run(None, {"x": x_})[0],
+                               np.asarray(model(x_, training=False)), rtol=0, atol=1e-5)

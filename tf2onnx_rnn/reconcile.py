@@ -138,7 +138,8 @@ def reconcile(findings: Findings, loops: list, model_proto: onnx.ModelProto,
                       findings.setup_error or "internal error: the rewriter did not report this loop")
             return _warned(LoopOutcome(loop=loop.name, layer=layer, kind=kind, direction="", became=LOOP,
                                        reason=reason))
-        if row is not None and row.fused and row.node in names and set(row.cell_nodes) <= names:
+        if row is not None and (row.fused or (row.own_step and row.node in scans)) and row.node in names \
+                and set(row.cell_nodes) <= names:  # a native node, or a node written as a Scan of its own step
             return row
         if unclaimed_native:
             node = unclaimed_native.pop(0)

@@ -65,9 +65,9 @@ def to_onnx(frozen: Frozen, options: Options) -> tuple:
     _scan_form(model_proto, findings, bool(options.streaming))
     if not options.defaults_states:  # the Scan form's streamed states too
         drop_state_defaults(model_proto, findings)
-    _written_model_passes(model_proto, options.portable)
-    if options.portable and not options.runtime:
+    if options.portable and not options.runtime:  # before the passes: its Scans' input MatMuls are theirs too
         _portable_kernels(model_proto, findings)
+    _written_model_passes(model_proto, options.portable)
     return model_proto, nchw, findings
 
 
@@ -84,7 +84,11 @@ def _portable_kernels(model_proto: onnx.ModelProto, findings: Findings) -> None:
         logger.warning("recurrent nodes stay as written: internal error writing them as Scans: %s: %s",
                        type(error).__name__, error, exc_info=True)
         return
-    findings.outcomes = [dataclasses.replace(o, became=SCAN, own_step=True, node=written[o.node][0],
+    def scan(o):  # a bidirectional node's backward pass: its second Scan
+        scans = written[o.node][0]
+        return scans[min(len(scans) - 1, int(o.node_direction == "bidirectional" and o.direction != "forward"))]
+
+    findings.outcomes = [dataclasses.replace(o, became=SCAN, own_step=True, node=scan(o),
                                              form="a Scan of its own step (portable form)", reason=written[o.node][1])
                          if o.node in written else o for o in findings.outcomes]
 
@@ -120,6 +124,7 @@ def lower_for_runtime(model_proto: onnx.ModelProto, target: str, report):
         logger.debug("lowering for %s raised", row.name, exc_info=True)
         raise ConversionError(f"{param('target')} {target}: internal error while writing the model for {row.name}: "
                               f"{type(error).__name__}: {first_line(str(error))}") from None
+    _half_matmuls_swapped(model_proto)  # the lowering's Scans project their inputs as the steps did not
     rows = []
     scans = {n.name for n in model_proto.graph.node if n.op_type == "Scan"}
     for o in report.outcomes:
@@ -220,6 +225,17 @@ def _written_model_passes(model_proto: onnx.ModelProto, portable: bool = False) 
             run(model_proto)
         except Exception as error:  # noqa: BLE001 - the model stays exact
             logger.warning("%s: internal error: %s: %s", stays, type(error).__name__, error, exc_info=True)
+
+
+def _half_matmuls_swapped(model_proto: onnx.ModelProto) -> None:
+    """``rewriters.emit.half_matmuls`` over a model lowered for a runtime (its check runs it in onnxruntime)."""
+    from .rewriters.emit.half_matmuls import swap_half_matmuls
+
+    try:
+        swap_half_matmuls(model_proto)
+    except Exception as error:  # noqa: BLE001 - the model stays exact; onnxruntime's check runs in a child
+        logger.warning("a float16 MatMul of a swap of axes 0 and 1 stays: internal error: %s: %s",
+                       type(error).__name__, error, exc_info=True)
 
 
 def _check_fused_ops(frozen: Frozen, findings: Findings) -> None:

@@ -121,17 +121,23 @@ def kernels_as_scans(model_proto: onnx.ModelProto, rows: list) -> list:
     """Each recurrent node of ``model_proto``'s main graph whose activations one of ``rows``' runtimes does not
     compute in its kernel written as a Scan of its own step, in place, at any time length and batch (the
     portable form: OpenVINO refuses a HardSigmoid gate, tract and onnx.reference compute the default functions
-    whatever is written); returns {the node's name: (the first Scan's name, why)}."""
+    whatever is written); returns {the node's name: (its Scans' names, a forward pass's first, why)}. A node
+    with no Scan form here (a ``sequence_lens``) stays, and the report's runtimes say where it runs."""
     graph = model_proto.graph
     opset = next((o.version for o in model_proto.opset_import if o.domain in ("", "ai.onnx")), 17)
     constants, readers, written = constant_values(graph), readers_of(graph), {}
     for node in [n for n in graph.node if n.op_type in RECURRENT_OPS]:
         why = [f"{row.name} {o.why}" for row in rows for o in node_obstacles(node, row, constants, False, readers)
                if o.kind == "activations"]
-        if why:
-            w = Writer(graph, opset, names_of(graph))
+        if not why:
+            continue
+        w = Writer(graph, opset, names_of(graph))
+        try:
             node_as_scan(graph, node, constants.get, w)
-            written[node.name] = (next(n.name for n in w.placed if n.op_type == "Scan"), "; ".join(why))
+        except CannotLower as error:
+            logger.info("%s stays a %s node: %s", node.name, node.op_type, error)
+            continue
+        written[node.name] = (tuple(n.name for n in w.placed if n.op_type == "Scan"), "; ".join(why))
     return written
 
 
