@@ -21,7 +21,7 @@ if [ "$phase" = test ]; then
     # every runtime the reports name must be here: a missing one fails its claims' tests (not a skip)
     export TF2ONNX_RNN_RUNTIMES_REQUIRED=1
     exec "$2" -m pytest -n 2 -p no:cacheprovider tests/test_runtime_targets.py tests/test_runtime_claims.py \
-        -k "in_its_runtime or verify_with"
+        tests/test_parallel_recurrences.py -k "in_its_runtime or verify_with"
 fi
 
 base_python=$2

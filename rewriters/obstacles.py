@@ -70,8 +70,10 @@ def obstacles(model_proto: onnx.ModelProto, row: Runtime) -> list:
     constants: dict = {}
     found: list = []
     static = _static_inputs(model_proto)
-    convs = not row.batched_conv and any(n.op_type == "Conv" for n in model_proto.graph.node)
-    shapes = static_shapes(model_proto) if convs else None  # shape inference only where a fact asks for it
+    ops = {n.op_type for n in model_proto.graph.node}
+    asked = (not row.batched_conv and "Conv" in ops) or (static and not row.squeezes_unknown and "Squeeze" in ops) \
+        or (static and not row.if_unranked and "If" in ops)
+    shapes = static_shapes(model_proto) if asked else None  # shape inference only where a fact asks for it
     whole = readers_of(model_proto.graph)
     readers: dict = {}  # id of a graph -> what reads each name, its own outputs read by None
     for graph, node in nodes_of(model_proto.graph):
@@ -84,8 +86,6 @@ def obstacles(model_proto: onnx.ModelProto, row: Runtime) -> list:
     ranks = [len(i.type.tensor_type.shape.dim) for i in model_proto.graph.input]
     if row.max_input_rank and max(ranks, default=0) > row.max_input_rank:
         found.insert(0, Obstacle("inputs", f"takes no input of rank {max(ranks)}", kind="rank"))
-    if static and not row.squeezes_unknown:
-        found.extend(_unknown_squeezes(model_proto))
     batched = batched_input(model_proto) if row.batch_one and static else None
     if batched is not None:
         found.insert(0, Obstacle("inputs", f"computes one batch row at a time: input {batched.name} has batch "
@@ -100,25 +100,6 @@ def _static_inputs(model_proto: onnx.ModelProto) -> bool:
     constants = {t.name for t in model_proto.graph.initializer}
     return all(d.HasField("dim_value") for i in model_proto.graph.input if i.name not in constants
                for d in i.type.tensor_type.shape.dim)
-
-
-def _unknown_squeezes(model_proto: onnx.ModelProto) -> list:
-    """An obstacle per ``Squeeze`` of the main graph whose input has a dimension ONNX's shape inference leaves
-    unknown (the model's inputs of fixed shapes)."""
-    squeezes = [n for n in model_proto.graph.node if n.op_type == "Squeeze"]
-    if not squeezes:
-        return []
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model_proto, data_prop=True).graph
-    except Exception:  # noqa: BLE001 - without inference, no dimension is known but those declared
-        inferred = model_proto.graph
-    known = {v.name: v.type.tensor_type.shape for v in list(inferred.input) + list(inferred.value_info)
-             + list(inferred.output) if v.type.tensor_type.HasField("shape")}
-    known.update({t.name: None for t in model_proto.graph.initializer})
-    return [Obstacle(n.name or n.output[0], "fails to compile a Squeeze of a tensor whose shape it cannot fix "
-                                            "('tensor.collapse_shape')", kind="shape")
-            for n in squeezes if n.input[0] not in known
-            or (known[n.input[0]] is not None and not all(d.HasField("dim_value") for d in known[n.input[0]].dim))]
 
 
 def batched_input(model_proto: onnx.ModelProto):
@@ -154,6 +135,15 @@ def node_obstacles(node: onnx.NodeProto, row: Runtime, constants: dict, static: 
                              else "has no Scan running backwards", silent, "scan")]
         if not row.scan_squeeze and any(n.op_type == "Squeeze" for n in _body(node)):
             return [Obstacle(name, "fails to compile a Squeeze in a Scan's step", kind="scan")]
+    if shapes is not None and static and node.op_type == "Squeeze" and not row.squeezes_unknown and \
+            (shapes.get(node.input[0]) is None or None in shapes[node.input[0]]):
+        return [Obstacle(name, "fails to compile a Squeeze of a tensor whose shape it cannot fix "
+                               "('tensor.collapse_shape')", kind="shape")]
+    if node.op_type == "If" and (not row.if_shapes and any(n.op_type == "Shape" for n in _body(node))
+                                 or shapes is not None and static and not row.if_unranked
+                                 and any(o and o not in shapes for o in node.output)):
+        return [Obstacle(name, "fails on an If whose branches compute shapes" if not row.if_shapes else
+                               "fails on an If whose outputs' rank shape inference leaves unknown", kind="if")]
     if node.op_type == "Gemm" and not row.computed_gemm_bias and len(node.input) > 2 and node.input[2] \
             and node.input[2] not in constants:
         return [Obstacle(name, "has no Gemm whose C is computed", kind="gemm")]

@@ -77,6 +77,8 @@ class Runtime:
     # a Squeeze of a tensor whose dimensions ONNX's shape inference leaves unknown, in a model of fixed shapes,
     # compiles
     squeezes_unknown: bool = True
+    if_unranked: bool = True  # computes an If whose outputs' rank ONNX's shape inference leaves unknown
+    if_shapes: bool = True  # computes an If whose branches compute shapes (Shape and arithmetic on it)
     lacks: frozenset = frozenset()  # op types it has no lowering or layer for
     negative_step_slice: str = "exact"  # "exact", "dropped" (silently)
     static_shapes: bool = False  # compiles for fixed shapes only
@@ -148,6 +150,7 @@ RUNTIMES = (
          recurrent={"LSTM": frozenset({FORWARD, BIDIRECTIONAL}), "GRU": frozenset({FORWARD}),
                     "RNN": frozenset({FORWARD})},
          sequence_lens="ignored", scan="static", scan_squeeze=False, scan_backward="wrong", squeezes_unknown=False,
+         if_unranked=False,
          lacks=_LOOPING | {"DFT"},
          static_shapes=True, activations={op: Activations(_KERNEL) for op in RECURRENT_OPS}, package="iree.runtime",
          measured="reverse nodes and bidirectional GRU/RNN fail to legalize; GRU/RNN need a static batch; "
@@ -155,13 +158,15 @@ RUNTIMES = (
                   "running backwards wrong values (1.1-1.3 off, silently); a "
                   "Squeeze in a Scan's step, or of a tensor whose shape inference leaves a dimension unknown (a "
                   "ConvLSTM2D's last step, padded as tf2onnx pads a loop's outputs), fails to compile "
-                  "('tensor.collapse_shape'); no Loop, no DFT; a recurrent node's activations "
+                  "('tensor.collapse_shape'); an If whose outputs' rank shape inference leaves unknown fails "
+                  "to legalize (MinGRU); no Loop, no DFT; a recurrent node's activations "
                   "other than Sigmoid, Tanh and Relu computed as Relu and their alpha and beta not read, silently "
                   "(74 single-node probes: HardSigmoid, LeakyRelu, Affine, ScaledTanh, Elu, Softsign, Softplus, "
                   "ThresholdedRelu)"),
-    _row("tvm", "Apache TVM 0.27 (Relax, llvm)", "tvm", recurrent={}, scan="none",
+    _row("tvm", "Apache TVM 0.27 (Relax, llvm)", "tvm", recurrent={}, scan="none", if_shapes=False,
          lacks=_LOOPING | {"ReverseSequence", "DFT"}, static_shapes=True, package="tvm",
-         measured="Relax's ONNX frontend has no LSTM, GRU, RNN, Scan, Loop, ReverseSequence or DFT converter"),
+         measured="Relax's ONNX frontend has no LSTM, GRU, RNN, Scan, Loop, ReverseSequence or DFT converter, "
+                  "and fails on an If computing shapes ('ShapeExpr' object has no attribute 'value': MinGRU)"),
     _row("ncnn", "ncnn 1.0.20261020 through pnnx 20261020", "ncnn",
          recurrent={"LSTM": frozenset({FORWARD, BIDIRECTIONAL}), "GRU": frozenset({FORWARD, BIDIRECTIONAL}),
                     "RNN": frozenset({FORWARD})}, given_states=False, shared_weights=False,

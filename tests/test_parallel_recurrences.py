@@ -156,6 +156,33 @@ def test_an_output_traced_without_a_rank_takes_the_keras_models_shape(mingru):
     assert dims == [None] + [int(d) for d in model.outputs[0].shape[1:]], dims
 
 
+@pytest.mark.parametrize("target", ("iree", "tvm"))
+@pytest.mark.parametrize("layer", ("mingru", "lmu"))
+def test_a_targets_form_holds_neither_if_nor_dft_and_equals_keras_in_its_runtime(layer, target, tmp_path):
+    """IREE 3.13 and TVM 0.27 fail on MinGRU's If nodes (their outputs' rank unknown, shapes computed in
+    them) and compile no DFT: at fixed shapes the Ifs the shapes decide become the branches they take, and
+    the FFTs of an LMUFeedforward at opset 17 are matrix products; exact in onnxruntime, and in the runtime
+    where ``TF2ONNX_RNN_<RUNTIME>_PYTHON`` names one that has it."""
+    import tensorflow as tf
+
+    from tf2onnx_rnn.rewriters.obstacles import obstacles
+    from tf2onnx_rnn.rewriters.runtimes import BY_KEY
+    from tf2onnx_rnn.runtime_check import RuntimeSession, python_for
+
+    model = mingru_model(12) if layer == "mingru" else lmu_model(10, None, seed=13)
+    (x,) = random_inputs(5, (BATCH, 12 if layer == "mingru" else 10, FEATURES))
+    proto = tf2onnx_rnn.convert_keras(model, input_signature=[tf.TensorSpec(x.shape, tf.float32, name="x")],
+                                      opset=17, target=target)
+    ops = helpers.op_counts(proto)
+    assert not ops["If"] and not ops["DFT"] and not obstacles(proto, BY_KEY[target]), ops
+    assert_matches_keras(model, helpers.ort_session(proto), x)
+    python = python_for(BY_KEY[target])
+    if python is None:
+        pytest.skip(f"{BY_KEY[target].name} is not installed (TF2ONNX_RNN_{target.upper()}_PYTHON)")
+    (got,) = RuntimeSession(proto, BY_KEY[target], python, str(tmp_path)).run(None, {"x": x})
+    np.testing.assert_allclose(got, np.asarray(model(x, training=False)), rtol=1e-4, atol=1e-5)
+
+
 # -- 2. the FFT handlers against TensorFlow -------------------------------------------------------
 
 SIGNAL = 20  # the signal's length; fft lengths below it crop it, above it pad it
