@@ -150,7 +150,7 @@ RUNTIMES = (
          recurrent={"LSTM": frozenset({FORWARD, BIDIRECTIONAL}), "GRU": frozenset({FORWARD}),
                     "RNN": frozenset({FORWARD})},
          sequence_lens="ignored", scan="static", scan_squeeze=False, scan_backward="wrong", squeezes_unknown=False,
-         if_unranked=False,
+         if_unranked=False, nodes_in_a_minute=3000,
          lacks=_LOOPING | {"DFT"},
          static_shapes=True, activations={op: Activations(_KERNEL) for op in RECURRENT_OPS}, package="iree.runtime",
          measured="reverse nodes and bidirectional GRU/RNN fail to legalize; GRU/RNN need a static batch; "
@@ -164,6 +164,7 @@ RUNTIMES = (
                   "(74 single-node probes: HardSigmoid, LeakyRelu, Affine, ScaledTanh, Elu, Softsign, Softplus, "
                   "ThresholdedRelu)"),
     _row("tvm", "Apache TVM 0.27 (Relax, llvm)", "tvm", recurrent={}, scan="none", if_shapes=False,
+         nodes_in_a_minute=4500,
          lacks=_LOOPING | {"ReverseSequence", "DFT"}, static_shapes=True, package="tvm",
          measured="Relax's ONNX frontend has no LSTM, GRU, RNN, Scan, Loop, ReverseSequence or DFT converter, "
                   "and fails on an If computing shapes ('ShapeExpr' object has no attribute 'value': MinGRU)"),
@@ -179,6 +180,7 @@ RUNTIMES = (
          scan="none", lacks=_LOOPING | MASK_BOOLS | {"ReverseSequence", "If", "ScatterND", "GatherND", "CumSum",
                                                       "GatherElements"},
          negative_step_slice="dropped", static_shapes=True, recurrent_read_as="squeezed", package="ncnn",
+         nodes_in_a_minute=12000,
          measured="a forward recurrent node is mapped only when its Y alone is read, by a Squeeze of axis 1, and no "
                   "initial state is given; a bidirectional LSTM or GRU is mapped to ncnn's own bidirectional layer only"
                   " when its Y alone is read, by a Transpose(0, 2, 1, 3) and a Reshape to [T, B, 2H]; a bidirectional "
@@ -196,7 +198,7 @@ RUNTIMES = (
     _row("rknn", "rknn-toolkit2 2.5 simulator (rk3588, float16)", "rknn",
          reads_y_h=frozenset({"LSTM", "RNN"}), initial_states_needed=frozenset({"LSTM"}), sequence_lens="none",
          scan="none", lacks=_LOOPING | {"If", "ReverseSequence"} | MASK_BOOLS, static_shapes=True,
-         tolerance=2e-2, package="rknn.api",
+         tolerance=2e-2, package="rknn.api", nodes_in_a_minute=100,
          measured="an LSTM without initial states at batch > 1 and a GRU whose Y_h is read crash its "
                   "converter; If and Loop refused; the mask's bool arithmetic aborts ('Not Support Dtype'); "
                   "a Scan builds too slowly to use"),

@@ -355,6 +355,31 @@ def test_a_plain_conversion_has_at_most_three_lines_about_runtimes():
             {"onnx2torch"} if name == "gelu_scan" else set()), (name, report.runs_in)
 
 
+def test_a_model_of_more_steps_than_its_runtime_compiles_in_a_minute_says_so_and_names_the_chunked_road(monkeypatch):
+    """The tvm target writes each layer out as its steps, whose nodes grow with the time length: past the nodes
+    its row says TVM compiles in about a minute (lowered here to the model's size, so a short model crosses
+    it), the report says so in one line naming the chunked road; under it, no such line."""
+    import dataclasses
+
+    import tensorflow as tf
+
+    from tf2onnx_rnn.rewriters import runtimes
+
+    K = parity.keras_module(parity.FLAVORS[0])
+    model = _model(K, "lstm", seed("lstm"))
+    signature = [tf.TensorSpec((1, TIME, FEATURES), tf.float32, name="x")]
+    nodes = len(convert_keras(model, input_signature=signature, target="tvm").graph.node)
+    for limit, said in ((nodes - 1, True), (nodes, False)):
+        monkeypatch.setitem(runtimes.BY_KEY, "tvm", dataclasses.replace(BY_KEY["tvm"], nodes_in_a_minute=limit))
+        report = report_of(convert_keras(model, input_signature=signature, target="tvm"))
+        lines = [line for line in report.table().splitlines() if line.startswith("note: ") and "minute" in line]
+        assert len(lines) == int(said), (limit, nodes, report.table())
+        if said:
+            assert f"{nodes} nodes" in lines[0] and f"about {limit} " in lines[0] and "chunk" in lines[0], lines
+    assert all(row.nodes_in_a_minute for row in RUNTIMES if row.target == row.key), \
+        [(r.key, r.nodes_in_a_minute) for r in RUNTIMES]  # measured for every runtime a target writes for
+
+
 def test_every_runtime_target_has_its_row_and_every_row_its_evidence():
     for target in TARGETS:
         row = BY_KEY[target]

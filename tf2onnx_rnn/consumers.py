@@ -73,7 +73,7 @@ def _long_steps(model_proto: onnx.ModelProto, row) -> list:
     if row is None or not row.nodes_in_a_minute or nodes <= row.nodes_in_a_minute:
         return []
     return [f"note: {nodes} nodes with the layers' steps written out: {row.name} compiles about "
-            f"{row.nodes_in_a_minute} in a minute (measured), more take longer than linearly; for a long or "
+            f"{row.nodes_in_a_minute} in a minute (measured), more take longer; for a long or "
             "unbounded sequence, convert a stateful model over a fixed chunk and feed it chunk by chunk "
             "(docs/downstream.md, 'Long sequences')"]
 
