@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from typing import Callable, Optional
 
 import onnx
 
 from ..description import NoMatch
 from ..outcome import LOOP, SCAN, Findings, while_loop_name
-from .graph_index import Scope, TypeTable, attribute, reads, subgraphs, upstream
+from .graph_index import Scope, TypeTable, attribute, subgraphs
+from .inferred_types import InferredTypes
 from .layouts import composed
 from .lengths import Lengths
+from .live_graph import LiveScope
 from .loop_reading import paddings, read_loop, read_scan
 from .rewrite import Written, write_scan
 from .streaming import stream_states
@@ -31,8 +34,7 @@ def scan_loops(model: onnx.ModelProto, findings: Findings, streaming: bool = Fal
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
     written = []
     candidates = [(n.name, n.op_type) for n in model.graph.node if n.op_type in ("Loop", "Scan")]
-    held_reads: dict = {}  # what the graph's index read of nodes holding subgraphs, for the next loop's
-    # index: a loop's rewrite changes its own neighbourhood, the other nodes stay the same objects
+    scope = inferred = None  # the graph's index, kept up to date by the edits made through it; its types
     for name, op in candidates:
         node = next(n for n in model.graph.node if n.name == name and n.op_type == op)
         loop = while_loop_name(node)
@@ -46,10 +48,12 @@ def scan_loops(model: onnx.ModelProto, findings: Findings, streaming: bool = Fal
         before = list(model.graph.node)
         initializers = len(model.graph.initializer)
         try:
-            types = TypeTable(model, within=name)  # this loop's body, not its siblings'
-            scope = Scope(model.graph, held_reads=held_reads)
+            if inferred is None:
+                scope = LiveScope(model.graph)
+                inferred = InferredTypes(model, scope)
+            types = inferred.table(node)  # this loop's body, not its siblings' (the scope read again first)
             loop_map = (read_loop if op == "Loop" else read_scan)(node, scope, types)
-            computed = {n.name for n in upstream(node.input, scope.producer)[1].values()}  # its trip count, test
+            fed = [found for found in map(scope.producer, node.input) if found is not None]  # its trip count, test
             done = write_scan(node, loop_map, scope, types, opset, every_final=streaming)
             scanned = dataclasses.replace(row, became=SCAN, node=done.loop, own_step=True,
                                           direction=_direction(loop_map, scope), reason=_reason(row),
@@ -58,12 +62,16 @@ def scan_loops(model: onnx.ModelProto, findings: Findings, streaming: bool = Fal
                 scanned = _streamed(done, scanned, scope, types)
         except NoMatch as no_match:
             _restore(model.graph, before, initializers)
+            if scope is not None:
+                scope.stale = True
             findings.outcomes[index] = dataclasses.replace(
                 row, reason=f"{row.reason}; not a Scan either: {no_match.reason}",
                 where=row.where or no_match.node)
             continue
         except Exception as error:  # noqa: BLE001 - the loop stays as it was, the row says why
             _restore(model.graph, before, initializers)
+            if scope is not None:
+                scope.stale = True
             logger.debug("writing the Scan form of %s raised", row.layer, exc_info=True)
             logger.warning("%s: internal error while writing the Scan form: %s: %s", row.layer,
                            type(error).__name__, error)
@@ -73,7 +81,7 @@ def scan_loops(model: onnx.ModelProto, findings: Findings, streaming: bool = Fal
         written.append(done)
         findings.outcomes[index] = scanned
         logger.info("%s: %s -> ONNX Scan (%s)", row.layer, row.kind, scanned.form)
-        _tidy(model.graph, scope, types, loop_map, computed, set(done.around))
+        _tidy(scope, types, loop_map, fed, set(done.around))
     return written
 
 
@@ -105,29 +113,30 @@ def unnamed_step_dims(model: onnx.ModelProto) -> int:
     return cleared
 
 
-def _tidy(graph: onnx.GraphProto, scope: Scope, types: TypeTable, loop_map, computed: set, around: set) -> None:
+def _tidy(scope: LiveScope, types: TypeTable, loop_map, fed: list, around: set) -> None:
     """What the Loop needed and the Scan does not: its outputs' padding, its trip count and condition
-    (``computed``: the nodes that computed the Loop's inputs, removed where nothing reads them now), its
-    counter's constants; and a transpose written next to the Scan (``around``) and one beside it made one.
-    The Scan is written and exact either way: a fault here only leaves them."""
+    (``fed``: the nodes that made the Loop's inputs, and what made theirs, removed where nothing reads them
+    now), its counter's constants; and a transpose written next to the Scan (``around``) and one beside it made
+    one. The Scan is written and exact either way: a fault here only leaves them."""
     try:
         scope.refresh()  # the Scan in place of the Loop
         padding = _bypass_padding(scope, types, loop_map)
-        _remove_unused(scope, padding | computed)
-        readers = _remove_unused(scope, _composed_transposes(scope, around))
-        _drop_unused_initializers(graph, readers)
+        _remove_unused(scope, padding + fed)
+        readers = _remove_unused(scope, *_composed_transposes(scope, around))
+        _drop_unused_initializers(scope, readers)
     except Exception as error:  # noqa: BLE001 - see above
+        scope.stale = True  # an edit may have been made and not entered
         logger.debug("tidying after the Scan form raised", exc_info=True)
         logger.warning("internal error while tidying after the Scan form: %s: %s", type(error).__name__, error)
 
 
-def _composed_transposes(scope: Scope, around: set) -> set:
+def _composed_transposes(scope: LiveScope, around: set) -> tuple:
     """Each Transpose named in ``around`` and a Transpose it reads, or that alone reads it, made one (the one
-    read takes the composed perm; the other is left unread). Returns the names of the nodes left unread."""
+    read takes the composed perm; the other is left unread). Returns the nodes left unread, and their names."""
     scope.refresh()
-    unread = set()
-    for node in list(scope.graph.node):
-        if node.name not in around or node.op_type != "Transpose" or node.name in unread:
+    unread = {}
+    for node in sorted((scope.named[name] for name in around if name in scope.named), key=scope.key):
+        if node.op_type != "Transpose" or node.name in unread:
             continue
         before = scope.producer(node.input[0])
         readers = scope.readers.get(node.output[0], [])
@@ -148,18 +157,19 @@ def _composed_transposes(scope: Scope, around: set) -> set:
         for attr in first.attribute:
             if attr.name == "perm":
                 attr.ints[:] = perm
-        unread.add(second.name)
-    return unread
+        scope.reread(first)
+        unread[second.name] = second
+    return list(unread.values()), set(unread)
 
 
-def _drop_unused_initializers(graph: onnx.GraphProto, readers: dict) -> None:
+def _drop_unused_initializers(scope: LiveScope, read_by: Callable[[str], int]) -> None:
     """Initializers only the Loop read (its counter's start, its step): nothing reads them now
-    (``readers``: how many nodes read each tensor)."""
+    (``read_by``: how many nodes read a tensor)."""
+    graph = scope.graph
     used = {o.name for o in graph.output} | {i.name for i in graph.input}
-    kept = [t for t in graph.initializer if readers.get(t.name, 0) > 0 or t.name in used]
-    if len(kept) < len(graph.initializer):
-        del graph.initializer[:]
-        graph.initializer.extend(kept)
+    unread = {name for name in scope.initializers if read_by(name) <= 0 and name not in used}
+    if unread:
+        scope.drop_initializers(unread)
 
 
 def _streamed(done: Written, row, scope: Scope, types: TypeTable):
@@ -224,56 +234,61 @@ def _hoisted_text(done: Written, loop_map) -> str:
     return text
 
 
-def _bypass_padding(scope: Scope, types: TypeTable, loop_map) -> set:
+def _bypass_padding(scope: LiveScope, types: TypeTable, loop_map) -> list:
     """The zeros a Loop's stacked outputs were padded with up to the list's reserved length: none for a
-    Scan whose steps are that length (the padding Concat is bypassed). Returns the nodes of the padding,
-    to be removed where nothing reads them now."""
+    Scan whose steps are that length (the padding Concat is bypassed). Returns the padding Concats, to be
+    removed, and what computed their zeros, where nothing reads them now."""
     lengths = Lengths(scope, types)
-    candidates = set()
+    found = []
     for _, final in loop_map.step_outputs:
         for reader in paddings(scope, final, loop_map.steps, lengths):
             if reader.output[0] in scope.graph_outputs:
                 continue
-            _rename_reads(scope.graph, reader.output[0], final)
-            scope.forget_reads()  # a subgraph may have read it
-            candidates.add(reader.name)
-            candidates |= _ancestor_nodes(scope, reader)
-    return candidates
+            _rename_reads(scope, reader.output[0], final)
+            found.append(reader)
+    return found
 
 
-def _ancestor_nodes(scope: Scope, node: onnx.NodeProto) -> set:
-    return {found.name for found in upstream(node.input, scope.producer)[1].values()}
+def _rename_reads(scope: LiveScope, old: str, new: str) -> None:
+    """The nodes reading ``old`` (their subgraphs' nodes included) read ``new`` instead. (A subgraph making a
+    tensor of its own under ``old`` is not one of its readers: the names the padding's Concats make are unique.)"""
+    for node in list(scope.readers.get(old, [])):
+        _renamed(node, old, new)
+        scope.reread(node)
 
 
-def _rename_reads(graph: onnx.GraphProto, old: str, new: str) -> None:
-    for node in graph.node:
-        if old in node.input:
-            node.input[:] = [new if name == old else name for name in node.input]
-        for sub in subgraphs(node):
-            _rename_reads(sub, old, new)
+def _renamed(node: onnx.NodeProto, old: str, new: str) -> None:
+    if old in node.input:
+        node.input[:] = [new if name == old else name for name in node.input]
+    for sub in subgraphs(node):
+        for inner in sub.node:
+            _renamed(inner, old, new)
 
 
-def _remove_unused(scope: Scope, candidates: set) -> dict:
-    """Remove the ``candidates`` nothing reads any more, until none is left to remove: the graph's readers
-    counted once, then each removal lowers the counts of what the removed node read (a chain of dead nodes
-    goes in one pass over the graph, not one per link). Returns how many nodes read each tensor after."""
+def _remove_unused(scope: LiveScope, seeds: list, within: Optional[set] = None) -> Callable[[str], int]:
+    """Remove the ``seeds`` nothing reads any more, and what made what they read where nothing reads it then
+    (only nodes named in ``within``, when given), until none is left to remove: each removal lowers the counts
+    of readers of what the removed node read (a chain of dead nodes goes in one pass, not one per link). Returns
+    how many nodes read a tensor after. (The nodes that can die are those that lost a reader: the seeds, which
+    lost theirs to the rewrite, and, in turn, what they read.)"""
     scope.refresh()
-    readers = {name: len(nodes) for name, nodes in scope.readers.items()}
-    by_name = {n.name: n for n in scope.graph.node if n.name in candidates}
-    gone: set = set()
-    pending = list(by_name)
+    lost: dict = {}  # tensor -> its readers removed here
+
+    def read_by(name: str) -> int:
+        return len(scope.readers.get(name, ())) - lost.get(name, 0)
+
+    gone: dict = {}
+    pending = list(seeds)
     while pending:
-        name = pending.pop()
-        node = by_name[name]
-        if name in gone or any(readers.get(o, 0) or o in scope.graph_outputs for o in node.output):
+        node = pending.pop()
+        if id(node) in gone or not scope.holds(node) or \
+                any(read_by(o) or o in scope.graph_outputs for o in node.output):
             continue
-        gone.add(name)
-        for read in reads(node):
-            readers[read] = readers.get(read, 0) - 1
+        gone[id(node)] = node
+        for read in scope.reads_of(node):
+            lost[read] = lost.get(read, 0) + 1
             producer = scope.producers.get(read)
-            if producer is not None and producer.name in by_name and producer.name not in gone:
-                pending.append(producer.name)
-    for position in reversed(range(len(scope.graph.node))):  # in place: the others stay the same objects
-        if scope.graph.node[position].name in gone:
-            del scope.graph.node[position]
-    return readers
+            if producer is not None and id(producer) not in gone and (within is None or producer.name in within):
+                pending.append(producer)
+    scope.remove(list(gone.values()))
+    return read_by

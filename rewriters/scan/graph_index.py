@@ -71,6 +71,21 @@ class TypeTable:
         if inferred is not None:
             self._collect(inferred.graph, within)
 
+    @classmethod
+    def of(cls, types: dict) -> "TypeTable":
+        """A table of ``types`` (tensor -> ``TypeProto``) as they are."""
+        table = cls.__new__(cls)
+        table.types = types
+        return table
+
+    @classmethod
+    def collected(cls, graphs: Iterable[onnx.GraphProto]) -> dict:
+        """The types ``graphs`` declare, theirs and their subgraphs' (as a table over a node's subgraphs holds them)."""
+        table = cls.of({})
+        for graph in graphs:
+            table._collect(graph)
+        return table.types
+
     def _collect(self, graph: onnx.GraphProto, within: Optional[str] = None) -> None:
         for value in itertools.chain(graph.input, graph.output, graph.value_info):
             if value.type.HasField("tensor_type"):
@@ -103,16 +118,16 @@ class TypeTable:
 
 
 class Scope:
-    """One graph and the scopes around it: producers, readers and constants of the tensors it sees."""
+    """One graph and the scopes around it: producers, readers and constants of the tensors it sees.
 
-    def __init__(self, graph: onnx.GraphProto, outer: Optional["Scope"] = None, held_reads: Optional[dict] = None):
-        """``held_reads``: what an earlier index of ``graph`` read of its nodes holding subgraphs (id of
-        the node -> the node, what it reads), kept up to date here; a subgraph's outer reads are read
-        once while its node stays the same object (graphs are changed by removing and inserting nodes)."""
+    The graph is changed through its scope (:meth:`replace`, :meth:`remove`, :meth:`append`, :meth:`reread`
+    after a node is changed in place, and the initializers' edits); the index reads the graph again at
+    :meth:`refresh` (the main graph's, :class:`.live_graph.LiveScope`, enters only what changed)."""
+
+    def __init__(self, graph: onnx.GraphProto, outer: Optional["Scope"] = None):
         self.graph = graph
         self.outer = outer
         self.aliases: dict = {}  # a body input -> the outer tensor it always holds (a loop's invariant)
-        self._held_reads = {} if held_reads is None else held_reads
         self.refresh()
 
     def refresh(self) -> None:
@@ -120,23 +135,50 @@ class Scope:
         self.initializers = {t.name: t for t in self.graph.initializer}
         self.inputs = {i.name for i in self.graph.input}
         self.readers: dict = {}
-        held = {}
         for node in self.graph.node:
-            if node.attribute and subgraphs(node):
-                known = self._held_reads.get(id(node))
-                held[id(node)] = known if known is not None and known[0] is node else (node, reads(node))
-                names = held[id(node)][1]
-            else:
-                names = {name for name in node.input if name}
-            for name in names:
+            for name in self.reads_of(node):
                 self.readers.setdefault(name, []).append(node)
-        self._held_reads.clear()
-        self._held_reads.update(held)
         self.graph_outputs = {o.name for o in self.graph.output}
 
-    def forget_reads(self) -> None:
-        """What the index read of the nodes holding subgraphs, forgotten: a subgraph was changed in place."""
-        self._held_reads.clear()
+    def reads_of(self, node: onnx.NodeProto) -> set:
+        """What ``node`` of this graph reads (:func:`reads`)."""
+        return reads(node) if node.attribute and subgraphs(node) else {name for name in node.input if name}
+
+    def replace(self, node: onnx.NodeProto, replacement: list) -> list:
+        """``replacement`` in ``node``'s place, in place: the graph's other nodes stay the same objects. Returns
+        the nodes as the graph holds them (copies of ``replacement``'s)."""
+        position = self._position(node)
+        del self.graph.node[position]
+        for offset, new in enumerate(replacement):
+            self.graph.node.insert(position + offset, new)
+        return [self.graph.node[position + offset] for offset in range(len(replacement))]
+
+    def _position(self, node: onnx.NodeProto) -> int:
+        return next(i for i, n in enumerate(self.graph.node) if n.name == node.name and n.op_type == node.op_type)
+
+    def remove(self, nodes: list) -> None:
+        """Remove ``nodes`` (the graph's own) from the graph, in place: the others stay the same objects."""
+        gone = {id(node) for node in nodes}
+        for position in reversed([i for i, n in enumerate(list(self.graph.node)) if id(n) in gone]):
+            del self.graph.node[position]
+
+    def append(self, nodes: list) -> list:
+        """``nodes`` after the graph's; returns them as the graph holds them."""
+        self.graph.node.extend(nodes)
+        return list(self.graph.node[len(self.graph.node) - len(nodes):])
+
+    def reread(self, node: onnx.NodeProto) -> None:
+        """``node`` (of this graph) was changed in place: its inputs, or what its subgraphs read."""
+
+    def add_initializers(self, tensors: list) -> list:
+        """``tensors`` after the graph's initializers; returns them as the graph holds them."""
+        self.graph.initializer.extend(tensors)
+        return list(self.graph.initializer[len(self.graph.initializer) - len(tensors):])
+
+    def drop_initializers(self, names: set) -> None:
+        """Remove the initializers named in ``names``, in place: the others stay the same objects."""
+        for position in reversed([i for i, t in enumerate(self.graph.initializer) if t.name in names]):
+            del self.graph.initializer[position]
 
     def local(self, name: str) -> bool:
         """Whether ``name`` is made in this graph (an input, an initializer or a node's output)."""
@@ -180,9 +222,11 @@ class Scope:
         return bool(self.readers.get(name)) or name in self.graph_outputs
 
 
-def upstream(names: Iterable[str], producer: Callable[[str], Optional[onnx.NodeProto]]) -> tuple:
+def upstream(names: Iterable[str], producer: Callable[[str], Optional[onnx.NodeProto]],
+             reads_of: Optional[Callable[[onnx.NodeProto], set]] = None) -> tuple:
     """Everything ``names`` are computed from: (the tensors, the nodes by ``id``) met walking producers
-    back (a node's reads include what its subgraphs take from outside)."""
+    back (a node's reads include what its subgraphs take from outside: ``reads_of``, :func:`reads` by default)."""
+    reads_of = reads_of or reads
     tensors, nodes, pending = set(), {}, list(names)
     while pending:
         name = pending.pop()
@@ -192,7 +236,7 @@ def upstream(names: Iterable[str], producer: Callable[[str], Optional[onnx.NodeP
         node = producer(name)
         if node is not None and id(node) not in nodes:
             nodes[id(node)] = node
-            pending.extend(reads(node))
+            pending.extend(reads_of(node))
     return tensors, nodes
 
 

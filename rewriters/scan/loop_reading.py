@@ -368,7 +368,7 @@ def _check_full_length(scope: Scope, step_outputs: tuple, steps, lengths: Length
         require(len(pads) == 1 and final not in scope.graph_outputs,
                 "the loop ends at the longest row, and a stack it returns is not padded to the sequence's length",
                 where)
-        arithmetic = {id(n) for n in upstream(pads[0].input[1:], scope.producer)[1].values()}
+        arithmetic = {id(n) for n in upstream(pads[0].input[1:], scope.producer, scope.reads_of)[1].values()}
         require(all(id(r) in arithmetic or r is pads[0] for r in scope.readers.get(final, [])),
                 "the loop ends at the longest row, and its stack is read unpadded", where)
 

@@ -109,9 +109,9 @@ def write_scan(loop: onnx.NodeProto, loop_map: LoopMap, scope: Scope, types: Typ
               for inv in loop_map.invariants if inv.final and scope.used(inv.final)]
     after += [helper.make_node("Identity", [kept], [merged], name=fresh("twin_state"))
               for merged, kept in twins if merged and scope.used(merged)]
-    _replace(scope.graph, loop, outer_nodes + [scan] + after)
+    scope.replace(loop, outer_nodes + [scan] + after)
     constants.drop_unread(outer_nodes + [scan] + after)  # a layout trial's that lost, a constant folded away
-    scope.graph.initializer.extend(initializers)
+    scope.add_initializers(initializers)
     lifted = {op: count for op, count in hoisted.lifted.items() if op in ("Conv", "MatMul", "Gemm")}
     return Written(loop.name, len(loop_map.states), len(rows), hoisted.moved, normalisations, unfused,
                    tuple(node.name for node in outer_nodes + after), lifted, hoisted.merged, len(layouts.inputs),
@@ -345,12 +345,3 @@ def _row_info(row: str, sequence: str, types: TypeTable, rank) -> onnx.ValueInfo
     if shape is None and rank is not None:
         shape = [None] * rank
     return helper.make_tensor_value_info(row, elem, None if shape is None else [d if d else None for d in shape])
-
-
-def _replace(graph: onnx.GraphProto, node: onnx.NodeProto, replacement: list) -> None:
-    """``replacement`` in ``node``'s place, in place: the graph's other nodes stay the same objects (what
-    the Scope indexed of them holds; copying every node for each loop made the pass quadratic)."""
-    position = next(i for i, n in enumerate(graph.node) if n.name == node.name and n.op_type == node.op_type)
-    del graph.node[position]
-    for offset, new in enumerate(replacement):
-        graph.node.insert(position + offset, new)

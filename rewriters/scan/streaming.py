@@ -79,9 +79,10 @@ def stream_states(written, row, scope: Scope, types: TypeTable) -> tuple:
         outputs.append(streamed_out)
     for node, slot, name in rewired:
         node.input[slot] = name
+        scope.reread(node)
     graph.input.extend(new_inputs)
-    graph.initializer.extend(defaults)
-    graph.node.extend(nodes)
+    scope.add_initializers(defaults)
+    scope.append(nodes)
     graph.output.extend(new_outputs)
     return tuple(inputs), tuple(outputs)
 
