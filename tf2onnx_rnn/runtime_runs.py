@@ -105,7 +105,8 @@ def prepare_ncnn(path: str, feeds: dict, work: str):
     with open(path, "rb") as source, open(local, "wb") as copy:
         copy.write(source.read())
     # one batch row at a time (ncnn's blobs have no batch axis): pnnx is given a row's shape
-    shapes = ",".join("[" + ",".join(str(d) for d in (1,) + feeds[n].shape[1:]) + "]" for n in names)
+    shapes = ",".join("[" + ",".join(str(d) for d in (1,) + feeds[n].shape[1:]) + "]" + _type_code(feeds[n].dtype)
+                      for n in names)  # with its type: pnnx refuses an int32 input (an Embedding's ids) given as f32
     _check_call(["pnnx", local, f"inputshape={shapes}", "fp16=0"], cwd=work)
     param, weights = os.path.join(work, "model.ncnn.param"), os.path.join(work, "model.ncnn.bin")
     blobs_in, blobs_out = _ncnn_blobs(param)
@@ -125,7 +126,8 @@ def prepare_ncnn(path: str, feeds: dict, work: str):
                 # as pnnx's own model_ncnn.py feeds it: the row with its batch axis, which the Mat drops where
                 # pnnx found one (233: none), and a Mat of its own: ncnn reads the refcount of an in-place
                 # layer's input, which a Mat wrapping a numpy array does not have (the process ends)
-                rows = np.ascontiguousarray(given[name][row:row + 1])
+                # (ncnn's Mats hold floats: an integer input, the ids an Embed layer reads, as floats)
+                rows = np.ascontiguousarray(given[name][row:row + 1], dtype=np.float32)
                 extractor.input(blob, ncnn.Mat(rows, batch_index=axis).clone())
             for k, blob in enumerate(blobs_out):
                 status, mat = extractor.extract(blob)
@@ -218,7 +220,7 @@ def prepare_tract(path: str, feeds: dict, work: str):
     model = tract.onnx().load(path)
     names = _inputs_of(path)
     for k, name in enumerate(names):
-        model.set_input_fact(k, ",".join([str(d) for d in feeds[name].shape] + [_tract_type(feeds[name].dtype)]))
+        model.set_input_fact(k, ",".join([str(d) for d in feeds[name].shape] + [_type_code(feeds[name].dtype)]))
     runnable = model.into_model().into_runnable()
 
     def run(given: dict) -> list:
@@ -226,7 +228,7 @@ def prepare_tract(path: str, feeds: dict, work: str):
     return run
 
 
-def _tract_type(dtype) -> str:
+def _type_code(dtype) -> str:
     return {"float32": "f32", "float16": "f16", "float64": "f64", "int32": "i32", "int64": "i64",
             "bool": "bool"}[np.dtype(dtype).name]
 
