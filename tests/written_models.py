@@ -78,9 +78,9 @@ def fingerprints() -> dict:
     import tensorflow as tf
 
     import parity
+    import runtime_models as runtimes
     import scan_cells
     import test_conv_lstm
-    import runtime_models as runtimes
     from tf2onnx_rnn import convert_keras
 
     found = {}
