@@ -123,6 +123,10 @@ def node_obstacles(node: onnx.NodeProto, row: Runtime, constants: dict, static: 
         return [Obstacle(name, f"has no {node.op_type}", kind=kind)]
     if node.op_type in RECURRENT_OPS:
         return _recurrent(node, row, constants, readers, name)
+    if node.op_type == "Cast" and not row.float64 and attribute(node, "to") == onnx.TensorProto.DOUBLE:
+        return [Obstacle(name, "has no float64", kind="float64")]
+    if node.op_type == "Pad" and not row.pad_default_mode and attribute(node, "mode") is None:
+        return [Obstacle(name, "takes no Pad without its mode", kind="pad")]
     if node.op_type == "Scan":
         if row.scan == "none":
             return [Obstacle(name, "has no Scan", kind="scan")]

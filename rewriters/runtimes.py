@@ -78,6 +78,8 @@ class Runtime:
     # compiles
     squeezes_unknown: bool = True
     if_unranked: bool = True  # computes an If whose outputs' rank ONNX's shape inference leaves unknown
+    float64: bool = True  # computes float64 tensors (a Cast to float64)
+    pad_default_mode: bool = True  # computes a Pad that leaves its mode to ONNX's default ("constant")
     if_shapes: bool = True  # computes an If whose branches compute shapes (Shape and arithmetic on it)
     lacks: frozenset = frozenset()  # op types it has no lowering or layer for
     negative_step_slice: str = "exact"  # "exact", "dropped" (silently)
@@ -172,13 +174,13 @@ RUNTIMES = (
          recurrent={"LSTM": frozenset({FORWARD, BIDIRECTIONAL}), "GRU": frozenset({FORWARD, BIDIRECTIONAL}),
                     "RNN": frozenset({FORWARD})}, given_states=False, shared_weights=False,
          batch_one=True, computed_gemm_bias=False, max_input_rank=5, unsized_split=False, batched_conv=False,
-         empty_concat=False,
+         empty_concat=False, float64=False, pad_default_mode=False,
          gru_linear_before_reset_0="as 1", reads_y_h=frozenset(), reads_y_c=False, sequence_lens="none",
          activations={"LSTM": Activations(defaults_only=True, silent=False),
                       "GRU": Activations(defaults_only=True, silent=False),
                       "RNN": Activations(frozenset({"Tanh"}), silent=frozenset({"Relu"}))},
          scan="none", lacks=_LOOPING | MASK_BOOLS | {"ReverseSequence", "If", "ScatterND", "GatherND", "CumSum",
-                                                      "GatherElements"},
+                                                      "GatherElements", "DFT"},
          negative_step_slice="dropped", static_shapes=True, recurrent_read_as="squeezed", package="ncnn",
          nodes_in_a_minute=12000,
          measured="a forward recurrent node is mapped only when its Y alone is read, by a Squeeze of axis 1, and no "
@@ -194,7 +196,9 @@ RUNTIMES = (
                   "not load at rank 3 and computes garbage at rank 5 (pnnx: '5-rank tensor is not supported'); a Slice "
                   "with step -1 is silently dropped; a Split without its sizes becomes a Slice without them, which ends"
                   " the process; no GatherElements, Scan, If, Loop, ReverseSequence or the mask's bool ops; a masked "
-                  "layer as its own step with its mask as float 0/1 arithmetic computes exactly"),
+                  "layer as its own step with its mask as float 0/1 arithmetic computes exactly; a Pad without its "
+                  "mode attribute (ONNX's default, constant), a Cast to float64 and a DFT are left as ops ncnn "
+                  "does not load (keras-lmu's FFT memory)"),
     _row("rknn", "rknn-toolkit2 2.5 simulator (rk3588, float16)", "rknn",
          reads_y_h=frozenset({"LSTM", "RNN"}), initial_states_needed=frozenset({"LSTM"}), sequence_lens="none",
          scan="none", lacks=_LOOPING | {"If", "ReverseSequence"} | MASK_BOOLS, static_shapes=True,

@@ -33,6 +33,7 @@ import logging
 import warnings
 
 import numpy as np
+import onnx
 import pytest
 
 import helpers
@@ -156,12 +157,11 @@ def test_an_output_traced_without_a_rank_takes_the_keras_models_shape(mingru):
     assert dims == [None] + [int(d) for d in model.outputs[0].shape[1:]], dims
 
 
-@pytest.mark.parametrize("target", ("iree", "tvm"))
-@pytest.mark.parametrize("layer", ("mingru", "lmu"))
+@pytest.mark.parametrize("layer, target", [("mingru", "iree"), ("mingru", "tvm"), ("lmu", "iree"), ("lmu", "tvm")])
 def test_a_targets_form_holds_neither_if_nor_dft_and_equals_keras_in_its_runtime(layer, target, tmp_path):
     """IREE 3.13 and TVM 0.27 fail on MinGRU's If nodes (their outputs' rank unknown, shapes computed in
     them) and compile no DFT: at fixed shapes the Ifs the shapes decide become the branches they take, and
-    the FFTs of an LMUFeedforward at opset 17 are matrix products; exact in onnxruntime, and in the runtime
+    the FFTs of an LMUFeedforward at opset 17 are matrix products. Exact in onnxruntime, and in the runtime
     where ``TF2ONNX_RNN_<RUNTIME>_PYTHON`` names one that has it."""
     import tensorflow as tf
 
@@ -170,7 +170,7 @@ def test_a_targets_form_holds_neither_if_nor_dft_and_equals_keras_in_its_runtime
     from tf2onnx_rnn.runtime_check import RuntimeSession, python_for
 
     model = mingru_model(12) if layer == "mingru" else lmu_model(10, None, seed=13)
-    (x,) = random_inputs(5, (BATCH, 12 if layer == "mingru" else 10, FEATURES))
+    (x,) = random_inputs(5, (1 if target == "ncnn" else BATCH, 12 if layer == "mingru" else 10, FEATURES))
     proto = tf2onnx_rnn.convert_keras(model, input_signature=[tf.TensorSpec(x.shape, tf.float32, name="x")],
                                       opset=17, target=target)
     ops = helpers.op_counts(proto)
@@ -253,6 +253,31 @@ def test_fft_handlers_match_tensorflow(fft_function, opset, monkeypatch):
                 continue
             error = np.abs(got.astype(np.float64) - want).max() / np.abs(want).max()
             assert error <= FFT_LIMITS[key.split("_")[1]], f"{key} at n={n}, m={m}: {error:.3g} of the largest"
+
+
+def test_fft_handlers_for_a_runtime_without_float64_compute_in_float32(fft_function):
+    """Where the target's runtime has no float64 (ncnn: pnnx leaves a Cast to it as an op ncnn does not load)
+    nor DFT, the transforms are float32 matrix products (a float64 signal's too: cast back to float64 at the
+    end), and the float32 outputs within 2e-6 of the largest magnitude of TensorFlow's."""
+    from tf2onnx_rnn import handlers
+
+    with handlers.lacking({"float64", "DFT"}):
+        proto = convert_function(fft_function, 17)
+    doubles = {"x64"} | {n.output[0] for n in helpers.nodes_of_types(proto, ["Cast"])
+                         if helpers.attribute(n, "to") == onnx.TensorProto.DOUBLE}
+    products = helpers.nodes_of_types(proto, ["MatMul"])
+    assert products and not [n.name for n in products if set(n.input) & doubles], doubles
+    assert not helpers.op_counts(proto)["DFT"]
+    session = helpers.ort_session(proto)
+    names = [o.name for o in session.get_outputs()]
+    x = np.random.default_rng(3).standard_normal((BATCH, 2, SIGNAL))
+    for n, m in LENGTHS:
+        feeds = {"x32": x.astype(np.float32), "x64": x, "n": np.array([n], np.int32), "m": np.array([m], np.int32)}
+        expected = {key: value.numpy() for key, value in fft_function(**feeds).items()}
+        actual = dict(zip(names, session.run(None, feeds)))
+        for key in [k for k in expected if k.endswith("float32") and not k.startswith("shape")]:
+            error = np.abs(actual[key].astype(np.float64) - expected[key]).max() / np.abs(expected[key]).max()
+            assert error <= 2e-6, f"{key} at n={n}, m={m}: {error:.3g} of the largest"
 
 
 # -- 3. axes known at run time, tensors of unknown rank ------------------------------------------

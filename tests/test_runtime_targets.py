@@ -32,8 +32,8 @@ from tf2onnx_rnn.rewriters.lower.build import Writer
 from tf2onnx_rnn.rewriters.lower.forward import as_forward_nodes, last_step_as_y_h, read_merged, zero_initial_states
 from tf2onnx_rnn.rewriters.lower.scan_node import node_as_scan
 from tf2onnx_rnn.rewriters.lower.steps import node_as_steps
-from tf2onnx_rnn.rewriters.obstacles import obstacles
-from tf2onnx_rnn.rewriters.runtimes import BIDIRECTIONAL, BY_KEY, RUNTIMES
+from tf2onnx_rnn.rewriters.obstacles import node_obstacles, obstacles
+from tf2onnx_rnn.rewriters.runtimes import BIDIRECTIONAL, BY_KEY, RUNTIMES, attribute
 
 GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 
@@ -209,7 +209,7 @@ def test_a_bidirectional_node_read_merged_computes_the_node(op):
 
 def test_the_op_rungs_compute_the_ops_they_replace():
     """An unsized Split given its sizes, a GatherElements reversing an axis as its pieces concatenated, a Concat
-    without its empty constant."""
+    without its empty constant, a Pad with its default mode written (each an obstacle of ncnn's row first)."""
     from tf2onnx_rnn.rewriters.lower.op_rungs import OP_RUNGS
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [TIME, BATCH, 2 * UNITS])
@@ -217,10 +217,12 @@ def test_the_op_rungs_compute_the_ops_they_replace():
     graph = helper.make_graph(
         [helper.make_node("Split", ["x"], ["a", "b"], axis=2),
          helper.make_node("GatherElements", ["a", "index"], ["y"], axis=0),
-         helper.make_node("Concat", ["b", "empty"], ["c"], axis=0)], "g", [x],
-        [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in ("y", "c")],
+         helper.make_node("Concat", ["b", "empty"], ["c"], axis=0),
+         helper.make_node("Pad", ["c", "pads"], ["p"])], "g", [x],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in ("y", "p")],
         [numpy_helper.from_array(index, "index"), numpy_helper.from_array(np.zeros((0, BATCH, UNITS), np.float32),
-                                                                          "empty")])
+                                                                          "empty"),
+         numpy_helper.from_array(np.array([0, 0, 0, 2, 0, 1], np.int64), "pads")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     feeds = {"x": np.random.default_rng(5).normal(size=(TIME, BATCH, 2 * UNITS)).astype(np.float32)}
@@ -228,8 +230,12 @@ def test_the_op_rungs_compute_the_ops_they_replace():
     before.CopyFrom(model)
     shapes = {"x": [TIME, BATCH, 2 * UNITS], "a": [TIME, BATCH, UNITS]}
     constants = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
-    for node, kind in zip(list(model.graph.node), ("split", "gather", "empty")):
+    nodes = list(model.graph.node)
+    assert [[o.kind for o in node_obstacles(n, BY_KEY["ncnn"], constants, True, {})] for n in nodes[1:]] == \
+        [["gather"], ["empty"], ["pad"]]
+    for node, kind in zip(nodes, ("split", "gather", "empty", "pad")):
         OP_RUNGS[node.op_type, kind](node, shapes, constants, Writer(model.graph, 17))
+    assert all(attribute(n, "mode") == "constant" for n in helpers.nodes_of_types(model, ["Pad"]))
     assert not helpers.nodes_of_types(model, ["GatherElements"])
     assert not [n for n in model.graph.node if "empty" in n.input]
     assert all(len(n.input) == 2 for n in helpers.nodes_of_types(model, ["Split"]))

@@ -45,7 +45,8 @@ def to_onnx(frozen: Frozen, options: Options) -> tuple:
     kwargs, nchw = _tf2onnx_arguments(frozen, options)
     import tensorflow as tf
 
-    lacks = BY_KEY[options.runtime].lacks if options.runtime else frozenset()
+    row = BY_KEY[options.runtime] if options.runtime else None  # what the handlers must not write for it
+    lacks = (row.lacks | (frozenset() if row.float64 else {"float64"})) if row else frozenset()
     with tf.device("/cpu:0"), handlers.lacking(lacks):
         try:
             with warnings.catch_warnings():  # its TFLite reader builds TensorFlow's deprecated interpreter

@@ -96,6 +96,13 @@ def _concat_of_parts(node, shapes: dict, constants: dict, w: Writer) -> bool:
     return True
 
 
+def _pad_moded(node, shapes: dict, constants: dict, w: Writer) -> bool:
+    """A ``Pad`` that leaves its mode to ONNX's default, with that mode written: the same."""
+    w.op("Pad", list(node.input), node.name or node.output[0], output_names=list(node.output), mode="constant")
+    w.replace([node])
+    return True
+
+
 OP_RUNGS = {("Concat", "empty"): _concat_of_parts, ("GatherElements", "gather"): _gather_as_pieces,
             ("Slice", "slice"): _reversal_as_concat, ("Gemm", "gemm"): _gemm_as_matmul,
-            ("Split", "split"): _split_sized}
+            ("Split", "split"): _split_sized, ("Pad", "pad"): _pad_moded}

@@ -77,7 +77,7 @@ import contextvars
 import threading
 
 # ONNX ops the handlers must not write in this conversion: those the target's runtime lacks (a DFT where IREE
-# or TVM has none; the handlers then write their opset-14 form)
+# or TVM has none; the handlers then write their opset-14 form), and "float64" where it has no float64
 LACKING: contextvars.ContextVar = contextvars.ContextVar("lacking", default=frozenset())
 
 

@@ -11,7 +11,8 @@ lengths (``fft_length``, a tensor in the LMU) are taken at run time, the signal 
 it, the spectrum to ``length // 2 + 1`` entries; IRFFT ignores the imaginary parts of the 0th and
 (even lengths) the middle entry, as TF does, and scales by ``1 / length``. onnxruntime's float32 DFT
 is off by up to 2e-6 of the largest magnitude at lengths that are not powers of two, and its inverse
-DFT by 4e-8 even in float64, hence float64 and a forward DFT for IRFFT; the matrix form reduces
+DFT by 4e-8 even in float64, hence float64 (float32 for a target whose runtime has none: ncnn) and a forward
+DFT for IRFFT; the matrix form reduces
 ``k * n mod length`` in int64 before the angle, so no angle exceeds 2 pi. Opset 20 made DFT's axis an
 input (it was an attribute): both are written (tf2onnx 1.17 writes opsets up to 18).
 """
@@ -113,10 +114,18 @@ def _fft_length(ctx, node):
     return _op(ctx, "Reshape", [_cast(ctx, node.input[1], TensorProto.INT64), _ints(ctx, [1])])
 
 
-def _in_double(ctx, name):
+def _work() -> int:
+    """The type the transforms compute in: float64, or float32 where the target's runtime has no float64
+    (ncnn: pnnx leaves a Cast to it as an op ncnn does not load)."""
     from onnx import TensorProto
 
-    return name if ctx.get_dtype(name) == TensorProto.DOUBLE else _cast(ctx, name, TensorProto.DOUBLE)
+    from . import LACKING
+
+    return TensorProto.FLOAT if "float64" in LACKING.get() else TensorProto.DOUBLE
+
+
+def _in_work(ctx, name):
+    return name if ctx.get_dtype(name) == _work() else _cast(ctx, name, _work())
 
 
 def _dft(ctx, x, length=None, **attr):
@@ -142,13 +151,12 @@ def _dft_written(ctx) -> bool:
 def _twiddle_angles(ctx, rows, cols, length):
     """2 pi ((r c) mod L) / L for every row index r and column index c, float64 [rows, cols]: the index
     product is reduced exactly in int64 first, so no angle is larger than 2 pi."""
-    from onnx import TensorProto
 
     axes1, axes0 = _ints(ctx, [1]), _ints(ctx, [0])
     turns = _op(ctx, "Mod", [_op(ctx, "Mul", [_op(ctx, "Unsqueeze", [rows, axes1]),
                                               _op(ctx, "Unsqueeze", [cols, axes0])]), length])
-    scaled = _op(ctx, "Mul", [_cast(ctx, turns, TensorProto.DOUBLE), _reals(ctx, 2 * np.pi, TensorProto.DOUBLE)])
-    return _op(ctx, "Div", [scaled, _cast(ctx, length, TensorProto.DOUBLE)])
+    scaled = _op(ctx, "Mul", [_cast(ctx, turns, _work()), _reals(ctx, 2 * np.pi, _work())])
+    return _op(ctx, "Div", [scaled, _cast(ctx, length, _work())])
 
 
 def _indices(ctx, count):
@@ -159,7 +167,6 @@ def _indices(ctx, count):
 def _rfft_spectrum(ctx, x, length):
     """The one-sided spectrum of float64 signal ``x`` (last axis; cropped or zero-padded to ``length``),
     in the pair layout [..., length // 2 + 1, 2]."""
-    from onnx import TensorProto
 
     if _dft_written(ctx):
         signal = _op(ctx, "Unsqueeze", [x, _ints(ctx, [-1])])
@@ -171,7 +178,7 @@ def _rfft_spectrum(ctx, x, length):
     half = _op(ctx, "Add", [_op(ctx, "Div", [length, _ints(ctx, [2])]), _ints(ctx, [1])])
     rows = _indices(ctx, count)
     angles = _twiddle_angles(ctx, rows, _indices(ctx, half), length)
-    inside = _cast(ctx, _op(ctx, "Less", [_op(ctx, "Unsqueeze", [rows, _ints(ctx, [1])]), length]), TensorProto.DOUBLE)
+    inside = _cast(ctx, _op(ctx, "Less", [_op(ctx, "Unsqueeze", [rows, _ints(ctx, [1])]), length]), _work())
     cosines = _op(ctx, "Mul", [_op(ctx, "Cos", [angles]), inside])
     sines = _op(ctx, "Mul", [_op(ctx, "Neg", [_op(ctx, "Sin", [angles])]), inside])
     axes = _ints(ctx, [-1])
@@ -186,7 +193,7 @@ def _irfft_signal(ctx, spectrum, length):
     """The real signal of length ``length`` whose one-sided spectrum is float64 ``spectrum`` (pair
     layout, [..., M, 2]; its first ``length // 2 + 1`` entries used, zeros after M), as TF's IRFFT:
     the imaginary parts of the 0th and (even length) the middle entry do not count, scale 1 / length."""
-    from onnx import TensorProto, helper
+    from onnx import helper
 
     shape = _op(ctx, "Shape", [spectrum])
     count = _dims(ctx, shape, -2, -1)
@@ -196,25 +203,25 @@ def _irfft_signal(ctx, spectrum, length):
         # conjugated: x = Re(DFT(conj Y)) / L (onnxruntime's forward DFT is the exact one in float64)
         kept = _op(ctx, "Slice", [spectrum, _ints(ctx, [0]), half, _ints(ctx, [-2])])
         missing = _op(ctx, "Max", [_op(ctx, "Sub", [half, count]), _ints(ctx, [0])])
-        zero = helper.make_tensor("zero", TensorProto.DOUBLE, [1], [0.0])
+        zero = helper.make_tensor("zero", _work(), [1], [0.0])
         zeros = _op(ctx, "ConstantOfShape", [_op(ctx, "Concat", [_dims(ctx, shape, 0, -2), missing, _ints(ctx, [2])],
                                                  axis=0)], value=zero)
         first = _op(ctx, "Concat", [kept, zeros], axis=-2)
-        conjugate = _op(ctx, "Mul", [first, _reals(ctx, [1.0, -1.0], TensorProto.DOUBLE)])
+        conjugate = _op(ctx, "Mul", [first, _reals(ctx, [1.0, -1.0], _work())])
         mirrored = _op(ctx, "Div", [_op(ctx, "Sub", [length, _ints(ctx, [1])]), _ints(ctx, [2])])
         rest = _op(ctx, "Slice", [first, mirrored, _ints(ctx, [0]), _ints(ctx, [-2]), _ints(ctx, [-1])])
         transform = _dft(ctx, _op(ctx, "Concat", [conjugate, rest], axis=-2))
         real = _op(ctx, "Gather", [transform, _ints(ctx, 0)], axis=-1)
-        return _op(ctx, "Div", [real, _cast(ctx, length, TensorProto.DOUBLE)])
+        return _op(ctx, "Div", [real, _cast(ctx, length, _work())])
     # x[n] = sum over k < half of w[k] (Re X[k] cos - Im X[k] sin)(2 pi k n / L) / L, w = 1 at k = 0 and
     # 2k = L (their imaginary parts not used), 2 elsewhere: one MatMul of the interleaved spectrum
     rows = _indices(ctx, count)
     angles = _twiddle_angles(ctx, rows, _indices(ctx, length), length)
     edge = _op(ctx, "Or", [_op(ctx, "Equal", [rows, _ints(ctx, 0)]),
                            _op(ctx, "Equal", [_op(ctx, "Mul", [rows, _ints(ctx, 2)]), length])])
-    one, two, none = (_reals(ctx, v, TensorProto.DOUBLE) for v in (1.0, 2.0, 0.0))
+    one, two, none = (_reals(ctx, v, _work()) for v in (1.0, 2.0, 0.0))
     weight = _op(ctx, "Where", [_op(ctx, "Less", [rows, half]), _op(ctx, "Where", [edge, one, two]), none])
-    weight = _op(ctx, "Div", [weight, _cast(ctx, length, TensorProto.DOUBLE)])
+    weight = _op(ctx, "Div", [weight, _cast(ctx, length, _work())])
     sine_weight = _op(ctx, "Where", [edge, none, weight])
     axes1 = _ints(ctx, [1])
     cosines = _op(ctx, "Mul", [_op(ctx, "Cos", [angles]), _op(ctx, "Unsqueeze", [weight, axes1])])
@@ -229,9 +236,8 @@ def _irfft_signal(ctx, spectrum, length):
 
 def _finish_in(ctx, node, result, dtype, **replacement):
     """Replace ``node`` by ``result`` cast to ``dtype`` (an Identity if it already is)."""
-    from onnx import TensorProto
 
-    if dtype == TensorProto.DOUBLE:
+    if dtype == _work():
         _replace(ctx, node, "Identity", [result], **replacement)
     else:
         _replace(ctx, node, "Cast", [result], {"to": dtype}, **replacement)
@@ -255,7 +261,7 @@ class _RFFT:
                         "RFFT %s: unsupported input type %s", node.name, ctx.get_dtype(node.input[0]))
         _check_complex_region(ctx, node)
         part = _part_type(node.output_dtypes[0])
-        spectrum = _rfft_spectrum(ctx, _in_double(ctx, node.input[0]), _fft_length(ctx, node))
+        spectrum = _rfft_spectrum(ctx, _in_work(ctx, node.input[0]), _fft_length(ctx, node))
         _finish_in(ctx, node, spectrum, part, dtypes=[part], shapes=[_pair_shape(ctx, node.output[0])])
         _mark_pair(ctx, node.output[0])
 
@@ -266,7 +272,7 @@ class _IRFFT:
     @classmethod
     def version_13(cls, ctx, node, **kwargs):
         spectrum, _ = _pair_operand(ctx, node, node.input[0])
-        signal = _irfft_signal(ctx, _in_double(ctx, spectrum), _fft_length(ctx, node))
+        signal = _irfft_signal(ctx, _in_work(ctx, spectrum), _fft_length(ctx, node))
         _finish_in(ctx, node, signal, node.output_dtypes[0])
 
 
