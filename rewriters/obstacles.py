@@ -61,7 +61,12 @@ class Obstacle:
     node: str
     why: str
     silent: bool = False  # the runtime gives a wrong result, no error
-    kind: str = "op"  # what about the node: op, direction, y_h, initial_states, scan, slice, inputs, ...
+    kind: str = "op"  # what about the node: op, direction, y_h, initial_states, scan, slice, inputs, integer, ...
+
+
+_INTEGERS = frozenset({onnx.TensorProto.INT8, onnx.TensorProto.INT16, onnx.TensorProto.INT32, onnx.TensorProto.INT64,
+                       onnx.TensorProto.UINT8, onnx.TensorProto.UINT16, onnx.TensorProto.UINT32,
+                       onnx.TensorProto.UINT64})
 
 
 def obstacles(model_proto: onnx.ModelProto, row: Runtime) -> list:
@@ -86,6 +91,13 @@ def obstacles(model_proto: onnx.ModelProto, row: Runtime) -> list:
     ranks = [len(i.type.tensor_type.shape.dim) for i in model_proto.graph.input]
     if row.max_input_rank and max(ranks, default=0) > row.max_input_rank:
         found.insert(0, Obstacle("inputs", f"takes no input of rank {max(ranks)}", kind="rank"))
+    if not row.integer_inputs:
+        given = {t.name for t in model_proto.graph.initializer}
+        ints = [i.name for i in model_proto.graph.input if i.name not in given
+                and i.type.tensor_type.elem_type in _INTEGERS]
+        if ints:
+            why = f"takes no integer input ({ints[0]}: its converter runs the model on arbitrary values there)"
+            found.insert(0, Obstacle("inputs", why, kind="integer"))
     batched = batched_input(model_proto) if row.batch_one and static else None
     if batched is not None:
         found.insert(0, Obstacle("inputs", f"computes one batch row at a time: input {batched.name} has batch "

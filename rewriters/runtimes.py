@@ -79,6 +79,7 @@ class Runtime:
     squeezes_unknown: bool = True
     if_unranked: bool = True  # computes an If whose outputs' rank ONNX's shape inference leaves unknown
     float64: bool = True  # computes float64 tensors (a Cast to float64)
+    integer_inputs: bool = True  # takes a model with an integer input (an Embedding's ids)
     pad_default_mode: bool = True  # computes a Pad that leaves its mode to ONNX's default ("constant")
     if_shapes: bool = True  # computes an If whose branches compute shapes (Shape and arithmetic on it)
     lacks: frozenset = frozenset()  # op types it has no lowering or layer for
@@ -174,7 +175,7 @@ RUNTIMES = (
          recurrent={"LSTM": frozenset({FORWARD, BIDIRECTIONAL}), "GRU": frozenset({FORWARD, BIDIRECTIONAL}),
                     "RNN": frozenset({FORWARD})}, given_states=False, shared_weights=False,
          batch_one=True, computed_gemm_bias=False, max_input_rank=5, unsized_split=False, batched_conv=False,
-         empty_concat=False, float64=False, pad_default_mode=False,
+         empty_concat=False, float64=False, pad_default_mode=False, integer_inputs=False,
          gru_linear_before_reset_0="as 1", reads_y_h=frozenset(), reads_y_c=False, sequence_lens="none",
          activations={"LSTM": Activations(defaults_only=True, silent=False),
                       "GRU": Activations(defaults_only=True, silent=False),
@@ -198,7 +199,9 @@ RUNTIMES = (
                   " the process; no GatherElements, Scan, If, Loop, ReverseSequence or the mask's bool ops; a masked "
                   "layer as its own step with its mask as float 0/1 arithmetic computes exactly; a Pad without its "
                   "mode attribute (ONNX's default, constant), a Cast to float64 and a DFT are left as ops ncnn "
-                  "does not load (keras-lmu's FFT memory)"),
+                  "does not load (keras-lmu's FFT memory); pnnx runs the model through onnxruntime on arbitrary "
+                  "values of an integer input (an Embedding's ids: its Gather fails, 'indices element out of data "
+                  "bounds')"),
     _row("rknn", "rknn-toolkit2 2.5 simulator (rk3588, float16)", "rknn",
          reads_y_h=frozenset({"LSTM", "RNN"}), initial_states_needed=frozenset({"LSTM"}), sequence_lens="none",
          scan="none", lacks=_LOOPING | {"If", "ReverseSequence"} | MASK_BOOLS, static_shapes=True,

@@ -326,6 +326,22 @@ def test_a_target_refuses_a_dynamic_signature_in_one_line_naming_inputs(target):
                           target=target)
 
 
+def test_ncnn_refuses_an_integer_input_in_one_line_and_its_report_does_not_name_it():
+    """pnnx runs the model in onnxruntime on arbitrary values of an integer input (an Embedding's ids: its Gather
+    fails): the ncnn target refuses such a model in one line, and no report names ncnn for it."""
+    import tensorflow as tf
+
+    K = parity.keras_module(parity.FLAVORS[0])
+    x = K.Input((TIME,), dtype="int32", name="x")
+    model = K.Model(x, K.layers.LSTM(UNITS)(K.layers.Embedding(50, FEATURES)(x)))
+    signature = [tf.TensorSpec((1, TIME), tf.int32, name="x")]
+    with pytest.raises(ConversionError, match=r"^[^\n]*ncnn[^\n]*integer input \(x") as raised:
+        convert_keras(model, input_signature=signature, target="ncnn")
+    assert "\n" not in str(raised.value)
+    report = report_of(convert_keras(model, input_signature=signature))
+    assert "ncnn" not in report.runs_in and "onnxruntime" in report.runs_in, report.runs_in
+
+
 def test_the_report_names_the_runtimes_and_the_silent_obstacles_of_the_default_form():
     """A few lines: where the model runs, the targets for the others, and a warning for each runtime that
     would compute it silently wrong; each runtime's reason on request."""

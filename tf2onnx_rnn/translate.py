@@ -159,7 +159,7 @@ def _lowered(model_proto: onnx.ModelProto, target: str, row, report):
         first = sorted(lowered.left, key=lambda o: not o.silent)[0]
         outcome = next((o for o in report.outcomes if o.node and first.node.startswith(o.node.replace("/", "_"))
                         or o.node == first.node or o.loop and first.node.startswith(o.loop)), None)
-        layer = "the model" if first.kind in ("inputs", "rank") else outcome.layer if outcome else first.node
+        layer = "the model" if first.kind in ("inputs", "rank", "integer") else outcome.layer if outcome else first.node
         stays = f" ({outcome.layer} is {outcome.became}: {outcome.reason})" if outcome and outcome.reason and \
             (outcome.became == LOOP or outcome.own_step) else ""
         errors = "".join(f" ({why})" for why in lowered.errors if why not in first.why)
