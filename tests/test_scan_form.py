@@ -615,3 +615,42 @@ def test_the_report_reads_as_the_users_model(flavor):
     assert rows["bi", "forward"].reason == "activation gelu: no ONNX recurrent node computes it", report.table()
     assert rows["last", "forward"].reason == "activation selu: no ONNX recurrent node computes it", report.table()
     assert report.dimensions.startswith("x[batch, time, "), report.dimensions
+
+
+def test_a_step_whose_state_is_made_from_its_output_runs_in_tract(tmp_path):
+    """A cell whose new state is computed from its output (a CfC's step: the output is also written into the
+    state): the Scan's scanned output is read inside its step, which tract 0.23 refuses ('outputs[0].rank ==
+    inputs[0].rank + 1'); the written step gives that output an Identity of its own, and the model equals
+    Keras in onnxruntime and in tract."""
+    import tf2onnx_rnn
+
+    tract = pytest.importorskip("tract")
+    K = parity.keras_module(parity.FLAVORS[0])
+
+    class OutputIntoState(K.layers.Layer):
+        def __init__(self, units, **kwargs):
+            super().__init__(**kwargs)
+            self.units, self.state_size, self.output_size = units, units, units
+
+        def build(self, input_shape):
+            self.w = self.add_weight(shape=(input_shape[-1], self.units), name="w")
+            self.u = self.add_weight(shape=(self.units, self.units), name="u")
+
+        def call(self, x, states):
+            y = K.activations.gelu(K.ops.matmul(x, self.w) + K.ops.matmul(states[0], self.u))
+            return y, [0.5 * y + 0.5 * states[0]]
+
+    x = K.Input((None, FEATURES), name="x")
+    model = K.Model(x, K.layers.RNN(OutputIntoState(4), return_sequences=True, name="rnn")(x))
+    parity.randomize_weights(model, seed=3)
+    proto = tf2onnx_rnn.convert_keras(model)
+    assert [n.op_type for n in helpers.nodes_of_types(proto, ["Scan", "Loop"])] == ["Scan"]
+    data = np.random.default_rng(2).standard_normal((3, 7, FEATURES)).astype(np.float32)
+    want = np.asarray(model(data, training=False))
+    np.testing.assert_allclose(helpers.ort_session(proto).run(None, {"x": data})[0], want, rtol=0, atol=1e-5)
+    path = str(tmp_path / "model.onnx")
+    onnx.save(proto, path)
+    loaded = tract.onnx().load(path)
+    loaded.set_input_fact(0, "3,7,%d,f32" % FEATURES)
+    got = loaded.into_model().into_runnable().run([data])[0].to_numpy()
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)

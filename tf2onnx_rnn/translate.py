@@ -194,7 +194,8 @@ def _scan_form(model_proto: onnx.ModelProto, findings: Findings, streaming: bool
 def _written_model_passes(model_proto: onnx.ModelProto, portable: bool = False) -> None:
     """Passes over the written model that leave it exact whether they run or not, each on its own: the
     steps of Scans declare no symbolic dimension names (``rewriters.scan.unnamed_step_dims``: tract
-    refuses tf2onnx's own Scans otherwise), and a masked layer's outputs are gathered straight into
+    refuses tf2onnx's own Scans otherwise) and give an output they also read an Identity of its own
+    (``scan_outputs_apart``: tract refuses that too), and a masked layer's outputs are gathered straight into
     batch-major order (``rewriters.emit.transposed_gathers``, which changes the graph only once it has
     built the whole rewrite); a ``ReverseSequence`` of every row's whole length becomes a ``Slice`` with
     step -1 (``rewriters.emit.full_reversal``: tract and onnx2torch lack the op); in the ``portable`` form,
@@ -208,12 +209,13 @@ def _written_model_passes(model_proto: onnx.ModelProto, portable: bool = False) 
         from .rewriters.emit.half_matmuls import swap_half_matmuls
         from .rewriters.emit.if_branches import lean_branches
         from .rewriters.emit.transposed_gathers import fold_transposed_gathers
-        from .rewriters.scan import unnamed_step_dims
+        from .rewriters.scan import scan_outputs_apart, unnamed_step_dims
     except Exception as error:  # noqa: BLE001 - the model stays as written, exact
         logger.warning("the written model stays as tf2onnx wrote it: internal error importing its passes: %s: %s",
                        type(error).__name__, error, exc_info=True)
         return
     passes = [(unnamed_step_dims, "a Scan's step keeps its dimension names"),
+              (scan_outputs_apart, "a Scan's output its step also reads stays one tensor (tract refuses it)"),
               (full_reversals_as_slices, "a ReverseSequence of every row's whole length stays"),
               (fold_transposed_gathers, "the outputs' transposes stay"),
               (lean_branches, "what only one branch of a mask's If reads stays outside it"),

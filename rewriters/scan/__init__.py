@@ -11,7 +11,7 @@ It runs on the written model (after tf2onnx's optimizers) and updates the rewrit
 loop that became a Scan says so and keeps the matchers' reason; one that cannot says why it stays a
 Loop. Nothing raised here escapes: a loop whose rewrite fails stays the Loop it was.
 """
-from .driver import scan_loops, unnamed_step_dims
+from .driver import scan_loops, scan_outputs_apart, unnamed_step_dims
 from .rewrite import Written
 
-__all__ = ["Written", "scan_loops", "unnamed_step_dims"]
+__all__ = ["Written", "scan_loops", "scan_outputs_apart", "unnamed_step_dims"]

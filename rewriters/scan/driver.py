@@ -113,6 +113,27 @@ def unnamed_step_dims(model: onnx.ModelProto) -> int:
     return cleared
 
 
+def scan_outputs_apart(model: onnx.ModelProto) -> int:
+    """Give each scanned output of a Scan's step that the step also reads (a state made from it) an
+    ``Identity`` of its own: tract 0.23 refuses such a Scan ('outputs[0].rank ==
+    inputs[0].rank + 1', measured on a hand-built step; a CfC's step writes its output into its state).
+    Returns how many."""
+    apart = 0
+    for node in model.graph.node:
+        if node.op_type != "Scan":
+            continue
+        scanned = len(node.input) - next(a.i for a in node.attribute if a.name == "num_scan_inputs")
+        body = next(a.g for a in node.attribute if a.name == "body")
+        read = {name for inner in body.node for name in inner.input} | {v.name for v in body.input}
+        for value in body.output[scanned:]:
+            if value.name in read:
+                own = f"{value.name}_scanned"
+                body.node.append(onnx.helper.make_node("Identity", [value.name], [own], name=own))
+                value.name = own
+                apart += 1
+    return apart
+
+
 def _tidy(scope: LiveScope, types: TypeTable, loop_map, fed: list, around: set) -> None:
     """What the Loop needed and the Scan does not: its outputs' padding, its trip count and condition
     (``fed``: the nodes that made the Loop's inputs, and what made theirs, removed where nothing reads them
