@@ -85,7 +85,6 @@ class Runtime:
     lacks: frozenset = frozenset()  # op types it has no lowering or layer for
     negative_step_slice: str = "exact"  # "exact", "dropped" (silently)
     static_shapes: bool = False  # compiles for fixed shapes only
-    steps: bool = True  # computes a layer's steps written out (MatMul, Add, activations, Split, Concat)
     given_states: bool = True  # maps a recurrent node whose initial states are given
     shared_weights: bool = True  # maps a MatMul whose constant weight other MatMuls read too
     batch_one: bool = False  # computes one batch row at a time (its tensors have no batch axis): a fixed batch of 1

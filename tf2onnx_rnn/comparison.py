@@ -96,7 +96,7 @@ class VerificationResult:
         return "\n".join(lines)
 
 
-# the runtime a comparison runs the ONNX model in, where not onnxruntime (runtime_check.running_in)
+# the runtime a comparison runs the ONNX model in, where not onnxruntime (runtime_check.verify_in_runtime)
 RUNNER: contextvars.ContextVar = contextvars.ContextVar("tf2onnx_rnn_runner", default=None)
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Optional
 
 import numpy as np
 import onnx
@@ -170,8 +169,6 @@ def _one_rung(graph, node, found: list, row: Runtime, shapes: dict, constants: d
     if rung is not None:
         return rung(node, shapes, constants, w)
     steps, batch = _time_and_batch(node, shapes)
-    if node.op_type in RECURRENT_OPS + ("Scan",) and not row.steps and not _natively(kinds, node, row, constants):
-        raise CannotLower(f"its {node.op_type} would be its steps written out, which {row.name} does not compute")
     if node.op_type == "Scan":
         if not steps:
             raise CannotLower("its Scan needs a fixed number of steps: give the inputs fixed shapes")
@@ -295,15 +292,6 @@ def _drop_dead(graph: onnx.GraphProto) -> None:
         graph.node.extend(kept)
 
 
-def _natively(kinds: set, node, row: Runtime, constants: dict) -> bool:
-    """Whether the rungs above the steps remove every obstacle of ``kinds`` from ``node``."""
-    if "given_states" in kinds and not zero_states_given(node, constants):
-        return False
-    if "direction" in kinds and FORWARD not in row.recurrent.get(node.op_type, ()):
-        return False
-    return kinds <= {"direction", "y_h", "initial_states", "given_states"}
-
-
 def _time_and_batch(node, shapes: dict) -> tuple:
     """(the static time length, the static batch) of a recurrent node's or Scan's first sequence, or 0s."""
     if node.op_type == "Scan":
@@ -315,9 +303,4 @@ def _time_and_batch(node, shapes: dict) -> tuple:
     shape = shapes.get(node.input[0]) or []
     return (shape[0] or 0 if shape else 0), (shape[1] or 0 if len(shape) > 1 else 0)
 
-
-def check(model_proto: onnx.ModelProto, row: Runtime) -> Optional[Obstacle]:
-    """The first obstacle left (a silent one first), or None."""
-    left = obstacles(model_proto, row)
-    return sorted(left, key=lambda o: not o.silent)[0] if left else None
 
