@@ -107,10 +107,6 @@ class Runtime:
     measured: str = ""  # the evidence, for the report and docs
 
 
-def _row(key, name, target, **facts) -> Runtime:
-    return Runtime(key, name, target, **facts)
-
-
 _LOOPING = frozenset({"Loop"})
 # what the portable form writes otherwise: masks compacted, zero states given, peephole cells as a Scan, reversals
 # of computed lengths gathered
@@ -118,96 +114,97 @@ _PORTABLE_REMOVES = frozenset({"sequence_lens", "initial_states", "peepholes", "
 MASK_BOOLS = frozenset({"Equal", "Not", "Where", "And", "Or", "Less", "Greater", "GreaterOrEqual", "LessOrEqual"})
 
 RUNTIMES = (
-    _row("onnxruntime", "onnxruntime (CPU, node, web)", None, package="onnxruntime",
-         measured="every form, Loop, Scan and If included, exact"),
-    _row("openvino", "OpenVINO 2026.4", "portable", target_removes=_PORTABLE_REMOVES, sequence_lens="ignored",
-         peepholes="wrong", activations={op: Activations(_KERNEL, silent=False, per_direction=False)
-                                         for op in RECURRENT_OPS},
-         package="openvino", measured="ignores a computed sequence_lens under dynamic shapes; reads LSTM's P "
-                                      "otherwise than ONNX (0.05 off); a recurrent node's activations other than "
-                                      "Sigmoid, Tanh and Relu refused ('Unsupported activation function', 'Unknown "
-                                      "activation function'), and a bidirectional node computed with the forward "
-                                      "direction's, silently (156 single-node probes)"),
-    _row("tract", "tract 0.23", "portable", target_removes=_PORTABLE_REMOVES,
-         recurrent={op: frozenset({FORWARD, BIDIRECTIONAL}) for op in RECURRENT_OPS}, reverse_runs_forward=True,
-         sequence_lens="constant", all_states_need_initial=frozenset({"LSTM"}),
-         activations={op: Activations(defaults_only=True) for op in RECURRENT_OPS},
-         lacks=_LOOPING | {"ReverseSequence"}, package="tract",
-         measured="takes sequence_lens only as a constant; no Loop, no ReverseSequence; an LSTM whose Y, Y_h "
-                  "and Y_c are all read stops without initial states ('Clashing resolution for expression'); "
-                  "a recurrent node's activations and direction not read: the default functions, forward, "
-                  "silently (156 single-node probes)"),
-    _row("onnx2torch", "PyTorch through onnx2torch 1.5", "portable", target_removes=_PORTABLE_REMOVES,
-         sequence_lens="constant", lacks=_LOOPING | {"ReverseSequence", "Scan", "If", "ScatterElements"},
-         measured="no recurrent converter of its own (the tests supply them, without sequence_lens), "
-                  "no Loop, Scan, If or ReverseSequence"),
-    _row("reference", "ONNX's reference evaluator (onnx.reference)", "portable", target_removes=_PORTABLE_REMOVES,
-         sequence_lens="ignored", scan_backward="none", package="onnx.reference",
-         activations={"LSTM": Activations(defaults_only=True), "GRU": Activations(defaults_only=True),
-                      "RNN": Activations(frozenset({"Tanh", "Affine"}), silent=False, per_direction=False)},
-         measured="its LSTM, GRU and RNN take sequence_lens and do not read it; its LSTM and GRU read no "
-                  "activations (the defaults, silently), its RNN computes Tanh and Affine and refuses others; a "
-                  "Scan running backwards is not implemented"),
-    _row("iree", "IREE 3.13 (llvm-cpu)", "iree",
-         recurrent={"LSTM": frozenset({FORWARD, BIDIRECTIONAL}), "GRU": frozenset({FORWARD}),
-                    "RNN": frozenset({FORWARD})},
-         sequence_lens="ignored", scan="static", scan_squeeze=False, scan_backward="wrong", squeezes_unknown=False,
-         if_unranked=False, nodes_in_a_minute=3000,
-         lacks=_LOOPING | {"DFT"},
-         static_shapes=True, activations={op: Activations(_KERNEL) for op in RECURRENT_OPS}, package="iree.runtime",
-         measured="reverse nodes and bidirectional GRU/RNN fail to legalize; GRU/RNN need a static batch; "
-                  "sequence_lens silently ignored; a Scan with dynamic dimensions returns a wrong shape, one "
-                  "running backwards wrong values (1.1-1.3 off, silently); a "
-                  "Squeeze in a Scan's step, or of a tensor whose shape inference leaves a dimension unknown (a "
-                  "ConvLSTM2D's last step, padded as tf2onnx pads a loop's outputs), fails to compile "
-                  "('tensor.collapse_shape'); an If whose outputs' rank shape inference leaves unknown fails "
-                  "to legalize (MinGRU); no Loop, no DFT; a recurrent node's activations "
-                  "other than Sigmoid, Tanh and Relu computed as Relu and their alpha and beta not read, silently "
-                  "(74 single-node probes: HardSigmoid, LeakyRelu, Affine, ScaledTanh, Elu, Softsign, Softplus, "
-                  "ThresholdedRelu)"),
-    _row("tvm", "Apache TVM 0.27 (Relax, llvm)", "tvm", recurrent={}, scan="none", if_shapes=False,
-         nodes_in_a_minute=4500,
-         lacks=_LOOPING | {"ReverseSequence", "DFT"}, static_shapes=True, package="tvm",
-         measured="Relax's ONNX frontend has no LSTM, GRU, RNN, Scan, Loop, ReverseSequence or DFT converter, "
-                  "and fails on an If computing shapes ('ShapeExpr' object has no attribute 'value': MinGRU)"),
-    _row("ncnn", "ncnn 1.0.20261020 through pnnx 20261020", "ncnn",
-         recurrent={"LSTM": frozenset({FORWARD, BIDIRECTIONAL}), "GRU": frozenset({FORWARD, BIDIRECTIONAL}),
-                    "RNN": frozenset({FORWARD})}, given_states=False, shared_weights=False,
-         batch_one=True, computed_gemm_bias=False, max_input_rank=5, unsized_split=False, batched_conv=False,
-         empty_concat=False, float64=False, pad_default_mode=False, integer_inputs=False,
-         gru_linear_before_reset_0="as 1", reads_y_h=frozenset(), reads_y_c=False, sequence_lens="none",
-         activations={"LSTM": Activations(defaults_only=True, silent=False),
-                      "GRU": Activations(defaults_only=True, silent=False),
-                      "RNN": Activations(frozenset({"Tanh"}), silent=frozenset({"Relu"}))},
-         scan="none", lacks=_LOOPING | MASK_BOOLS | {"ReverseSequence", "If", "ScatterND", "GatherND", "CumSum",
-                                                      "GatherElements", "DFT"},
-         negative_step_slice="dropped", static_shapes=True, recurrent_read_as="squeezed", package="ncnn",
-         nodes_in_a_minute=12000,
-         measured="a forward recurrent node is mapped only when its Y alone is read, by a Squeeze of axis 1, and no "
-                  "initial state is given; a bidirectional LSTM or GRU is mapped to ncnn's own bidirectional layer only"
-                  " when its Y alone is read, by a Transpose(0, 2, 1, 3) and a Reshape to [T, B, 2H]; a bidirectional "
-                  "RNN (its layer does not load) not mapped; GRU linear_before_reset=0 computed as 1 and an RNN's Relu "
-                  "as Tanh, silently, other activations than the default list not mapped; a MatMul whose weight other "
-                  "MatMuls share, or a Gemm whose C is computed, is left unmapped (F.linear); its blobs have no batch "
-                  "axis and at most 4 axes beside it (w, h, d, c); pnnx takes axis 0 of what a Conv reads and writes "
-                  "for that batch axis: a Conv over several images at once (ConvLSTM2D's input convolution over every "
-                  "step) does not load, a Squeeze of that axis is dropped, a Concat along it leaves a 5-D output ncnn "
-                  "cannot hold; a Concat of an empty constant (the Scan form's padding of a full-length output) does "
-                  "not load at rank 3 and computes garbage at rank 5 (pnnx: '5-rank tensor is not supported'); a Slice "
-                  "with step -1 is silently dropped; a Split without its sizes becomes a Slice without them, which ends"
-                  " the process; no GatherElements, Scan, If, Loop, ReverseSequence or the mask's bool ops; a masked "
-                  "layer as its own step with its mask as float 0/1 arithmetic computes exactly; a Pad without its "
-                  "mode attribute (ONNX's default, constant), a Cast to float64 and a DFT are left as ops ncnn "
-                  "does not load (keras-lmu's FFT memory); pnnx runs the model through onnxruntime on arbitrary "
-                  "values of an integer input (an Embedding's ids: its Gather fails, 'indices element out of data "
-                  "bounds')"),
-    _row("rknn", "rknn-toolkit2 2.5 simulator (rk3588, float16)", "rknn",
-         reads_y_h=frozenset({"LSTM", "RNN"}), initial_states_needed=frozenset({"LSTM"}), sequence_lens="none",
-         scan="none", lacks=_LOOPING | {"If", "ReverseSequence"} | MASK_BOOLS, static_shapes=True,
-         tolerance=2e-2, package="rknn.api", nodes_in_a_minute=100,
-         measured="an LSTM without initial states at batch > 1 and a GRU whose Y_h is read crash its "
-                  "converter; If and Loop refused; the mask's bool arithmetic aborts ('Not Support Dtype'); "
-                  "a Scan builds too slowly to use"),
+    Runtime("onnxruntime", "onnxruntime (CPU, node, web)", None, package="onnxruntime",
+            measured="every form, Loop, Scan and If included, exact"),
+    Runtime("openvino", "OpenVINO 2026.4", "portable", target_removes=_PORTABLE_REMOVES, sequence_lens="ignored",
+            peepholes="wrong", activations={op: Activations(_KERNEL, silent=False, per_direction=False)
+                                            for op in RECURRENT_OPS},
+            package="openvino", measured="ignores a computed sequence_lens under dynamic shapes; reads LSTM's P "
+                                         "otherwise than ONNX (0.05 off); a recurrent node's activations other than "
+                                         "Sigmoid, Tanh and Relu refused ('Unsupported activation function', 'Unknown "
+                                         "activation function'), and a bidirectional node computed with the forward "
+                                         "direction's, silently (156 single-node probes)"),
+    Runtime("tract", "tract 0.23", "portable", target_removes=_PORTABLE_REMOVES,
+            recurrent={op: frozenset({FORWARD, BIDIRECTIONAL}) for op in RECURRENT_OPS}, reverse_runs_forward=True,
+            sequence_lens="constant", all_states_need_initial=frozenset({"LSTM"}),
+            activations={op: Activations(defaults_only=True) for op in RECURRENT_OPS},
+            lacks=_LOOPING | {"ReverseSequence"}, package="tract",
+            measured="takes sequence_lens only as a constant; no Loop, no ReverseSequence; an LSTM whose Y, Y_h "
+                     "and Y_c are all read stops without initial states ('Clashing resolution for expression'); "
+                     "a recurrent node's activations and direction not read: the default functions, forward, "
+                     "silently (156 single-node probes)"),
+    Runtime("onnx2torch", "PyTorch through onnx2torch 1.5", "portable", target_removes=_PORTABLE_REMOVES,
+            sequence_lens="constant", lacks=_LOOPING | {"ReverseSequence", "Scan", "If", "ScatterElements"},
+            measured="no recurrent converter of its own (the tests supply them, without sequence_lens), "
+                     "no Loop, Scan, If or ReverseSequence"),
+    Runtime("reference", "ONNX's reference evaluator (onnx.reference)", "portable", target_removes=_PORTABLE_REMOVES,
+            sequence_lens="ignored", scan_backward="none", package="onnx.reference",
+            activations={"LSTM": Activations(defaults_only=True), "GRU": Activations(defaults_only=True),
+                         "RNN": Activations(frozenset({"Tanh", "Affine"}), silent=False, per_direction=False)},
+            measured="its LSTM, GRU and RNN take sequence_lens and do not read it; its LSTM and GRU read no "
+                     "activations (the defaults, silently), its RNN computes Tanh and Affine and refuses others; a "
+                     "Scan running backwards is not implemented"),
+    Runtime("iree", "IREE 3.13 (llvm-cpu)", "iree",
+            recurrent={"LSTM": frozenset({FORWARD, BIDIRECTIONAL}), "GRU": frozenset({FORWARD}),
+                       "RNN": frozenset({FORWARD})},
+            sequence_lens="ignored", scan="static", scan_squeeze=False, scan_backward="wrong", squeezes_unknown=False,
+            if_unranked=False, nodes_in_a_minute=3000,
+            lacks=_LOOPING | {"DFT"},
+            static_shapes=True, activations={op: Activations(_KERNEL) for op in RECURRENT_OPS}, package="iree.runtime",
+            measured="reverse nodes and bidirectional GRU/RNN fail to legalize; GRU/RNN need a static batch; "
+                     "sequence_lens silently ignored; a Scan with dynamic dimensions returns a wrong shape, one "
+                     "running backwards wrong values (1.1-1.3 off, silently); a "
+                     "Squeeze in a Scan's step, or of a tensor whose shape inference leaves a dimension unknown (a "
+                     "ConvLSTM2D's last step, padded as tf2onnx pads a loop's outputs), fails to compile "
+                     "('tensor.collapse_shape'); an If whose outputs' rank shape inference leaves unknown fails "
+                     "to legalize (MinGRU); no Loop, no DFT; a recurrent node's activations "
+                     "other than Sigmoid, Tanh and Relu computed as Relu and their alpha and beta not read, silently "
+                     "(74 single-node probes: HardSigmoid, LeakyRelu, Affine, ScaledTanh, Elu, Softsign, Softplus, "
+                     "ThresholdedRelu)"),
+    Runtime("tvm", "Apache TVM 0.27 (Relax, llvm)", "tvm", recurrent={}, scan="none", if_shapes=False,
+            nodes_in_a_minute=4500,
+            lacks=_LOOPING | {"ReverseSequence", "DFT"}, static_shapes=True, package="tvm",
+            measured="Relax's ONNX frontend has no LSTM, GRU, RNN, Scan, Loop, ReverseSequence or DFT converter, "
+                     "and fails on an If computing shapes ('ShapeExpr' object has no attribute 'value': MinGRU)"),
+    Runtime("ncnn", "ncnn 1.0.20261020 through pnnx 20261020", "ncnn",
+            recurrent={"LSTM": frozenset({FORWARD, BIDIRECTIONAL}), "GRU": frozenset({FORWARD, BIDIRECTIONAL}),
+                       "RNN": frozenset({FORWARD})}, given_states=False, shared_weights=False,
+            batch_one=True, computed_gemm_bias=False, max_input_rank=5, unsized_split=False, batched_conv=False,
+            empty_concat=False, float64=False, pad_default_mode=False, integer_inputs=False,
+            gru_linear_before_reset_0="as 1", reads_y_h=frozenset(), reads_y_c=False, sequence_lens="none",
+            activations={"LSTM": Activations(defaults_only=True, silent=False),
+                         "GRU": Activations(defaults_only=True, silent=False),
+                         "RNN": Activations(frozenset({"Tanh"}), silent=frozenset({"Relu"}))},
+            scan="none", lacks=_LOOPING | MASK_BOOLS | {"ReverseSequence", "If", "ScatterND", "GatherND", "CumSum",
+                                                         "GatherElements", "DFT"},
+            negative_step_slice="dropped", static_shapes=True, recurrent_read_as="squeezed", package="ncnn",
+            nodes_in_a_minute=12000,
+            measured="a forward recurrent node is mapped only when its Y alone is read, by a Squeeze of axis 1, and "
+                     "no initial state is given; a bidirectional LSTM or GRU is mapped to ncnn's own bidirectional "
+                     "layer only when its Y alone is read, by a Transpose(0, 2, 1, 3) and a Reshape to [T, B, 2H]; a "
+                     "bidirectional RNN (its layer does not load) not mapped; GRU linear_before_reset=0 computed as "
+                     "1 and an RNN's Relu as Tanh, silently, other activations than the default list not mapped; a "
+                     "MatMul whose weight other MatMuls share, or a Gemm whose C is computed, is left unmapped "
+                     "(F.linear); its blobs have no batch axis and at most 4 axes beside it (w, h, d, c); pnnx takes "
+                     "axis 0 of what a Conv reads and writes for that batch axis: a Conv over several images at once "
+                     "(ConvLSTM2D's input convolution over every step) does not load, a Squeeze of that axis is "
+                     "dropped, a Concat along it leaves a 5-D output ncnn cannot hold; a Concat of an empty constant "
+                     "(the Scan form's padding of a full-length output) does not load at rank 3 and computes garbage "
+                     "at rank 5 (pnnx: '5-rank tensor is not supported'); a Slice with step -1 is silently dropped; "
+                     "a Split without its sizes becomes a Slice without them, which ends the process; no "
+                     "GatherElements, Scan, If, Loop, ReverseSequence or the mask's bool ops; a masked layer as its "
+                     "own step with its mask as float 0/1 arithmetic computes exactly; a Pad without its mode "
+                     "attribute (ONNX's default, constant), a Cast to float64 and a DFT are left as ops ncnn does "
+                     "not load (keras-lmu's FFT memory); pnnx runs the model through onnxruntime on arbitrary values "
+                     "of an integer input (an Embedding's ids: its Gather fails, 'indices element out of data "
+                     "bounds')"),
+    Runtime("rknn", "rknn-toolkit2 2.5 simulator (rk3588, float16)", "rknn",
+            reads_y_h=frozenset({"LSTM", "RNN"}), initial_states_needed=frozenset({"LSTM"}), sequence_lens="none",
+            scan="none", lacks=_LOOPING | {"If", "ReverseSequence"} | MASK_BOOLS, static_shapes=True,
+            tolerance=2e-2, package="rknn.api", nodes_in_a_minute=100,
+            measured="an LSTM without initial states at batch > 1 and a GRU whose Y_h is read crash its "
+                     "converter; If and Loop refused; the mask's bool arithmetic aborts ('Not Support Dtype'); "
+                     "a Scan builds too slowly to use"),
 )
 BY_KEY = {runtime.key: runtime for runtime in RUNTIMES}
 def attribute(node: onnx.NodeProto, name: str, default=None):
