@@ -60,10 +60,14 @@ class Writer:
         if key is not None and key in self._made:
             return self._made[key]
         name = self.name(base)
-        self.initializers.append(numpy_helper.from_array(array, name))
+        self._hold(array, name)
         if key is not None:
             self._made[key] = name
         return name
+
+    def _hold(self, array: np.ndarray, name: str) -> None:
+        """Where a constant made is kept: an initializer of the graph."""
+        self.initializers.append(numpy_helper.from_array(array, name))
 
     def const_like(self, tensor: onnx.TensorProto, base: str) -> str:
         """A copy of ``tensor`` under a new name."""

@@ -30,18 +30,9 @@ class _Step(Writer):
         super().__init__(outer.graph, outer.opset, outer.taken)
         self.dtype = outer.dtype
 
-    def const(self, value, base: str, dtype=None, key=None) -> str:
-        array = np.asarray(value, dtype=dtype)
-        if key is None and array.size <= 16:
-            key = ("value", array.dtype.str, array.shape, array.tobytes())
-        if key is not None and key in self._made:
-            return self._made[key]
-        name = self.name(base)
-        self.nodes.append(helper.make_node("Constant", [], [name], name=self.name(f"{base}_Constant"),
+    def _hold(self, array: np.ndarray, name: str) -> None:
+        self.nodes.append(helper.make_node("Constant", [], [name], name=self.name(f"{name}_Constant"),
                                            value=numpy_helper.from_array(array, name)))
-        if key is not None:
-            self._made[key] = name
-        return name
 
 
 def node_as_scan(graph: onnx.GraphProto, node: onnx.NodeProto, constants, w: Writer, batch: int = 0,
