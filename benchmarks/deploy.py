@@ -260,21 +260,17 @@ def _markdown(run: dict, cases: list, drivers: tuple) -> str:
         if len(timed) > 1:
             fastest += f" (then {timed[1][1]}, {timed[1][0] / timed[0][0]:.2f}x)"
         lines.append(f"| {kind} | {batch} | " + " | ".join(ms(c, True) for c in row) + f" | {fastest} |")
-    lines += ["", "Max abs error against Keras of the model timed (each checked before it was timed):", "",
-              "| layer | batch | " + " | ".join(name for _, name, *_ in columns) + " |",
-              "|---|---|" + "---|" * len(columns)]
-    for kind, batch in cases:
-        lines.append(f"| {kind} | {batch} | " + " | ".join(
-            f"{cells[(kind, batch, d)]['error_abs']:.1e}" if "error_abs" in cells[(kind, batch, d)] else "-"
-            for d, *_ in columns) + " |")
-    lines += ["", "Compile seconds per model (TVM's include its tuning; ncnn's, pnnx's conversion; the first "
-              "model's, importing the runtime):", "",
-              "| layer | batch | " + " | ".join(name for _, name, *_ in columns) + " |",
-              "|---|---|" + "---|" * len(columns)]
-    for kind, batch in cases:
-        lines.append(f"| {kind} | {batch} | " + " | ".join(
-            f"{cells[(kind, batch, d)]['compile_s']:.1f}" if "compile_s" in cells[(kind, batch, d)] else "-"
-            for d, *_ in columns) + " |")
+    def per_cell(title: str, key: str, form: str) -> list:  # a table of one figure of every cell
+        table = ["", title, "", "| layer | batch | " + " | ".join(name for _, name, *_ in columns) + " |",
+                 "|---|---|" + "---|" * len(columns)]
+        return table + [f"| {kind} | {batch} | " + " | ".join(
+            format(cells[(kind, batch, d)][key], form) if key in cells[(kind, batch, d)] else "-"
+            for d, *_ in columns) + " |" for kind, batch in cases]
+
+    lines += per_cell("Max abs error against Keras of the model timed (each checked before it was timed):",
+                      "error_abs", ".1e")
+    lines += per_cell("Compile seconds per model (TVM's include its tuning; ncnn's, pnnx's conversion; the first "
+                      "model's, importing the runtime):", "compile_s", ".1f")
     compared = [d for d, *_ in COMPARED if d in [c[0] for c in drivers]]
     if compared:
         lines += ["", "For comparison, in the same rounds: OpenVINO at its default precision (bf16 on a CPU with "

@@ -218,40 +218,10 @@ def prepare_tvm_llvm(path: str, feeds: dict, work: str, options: dict):
 
 
 def prepare_ncnn(path: str, feeds: dict, work: str, options: dict):
-    """pnnx writes the ncnn param and bin files for one row's shape (fp16=0), run with ncnn.Net: one thread,
-    light mode (the default), float16 storage and arithmetic off; ncnn's blobs have no batch axis, so each
-    batch row runs on its own, one after another."""
-    import ncnn
-
-    names = runs._inputs_of(path)
-    local = os.path.join(work, "model.onnx")
-    with open(path, "rb") as source, open(local, "wb") as copy:
-        copy.write(source.read())
-    shapes = ",".join("[" + ",".join(str(d) for d in (1,) + feeds[n].shape[1:]) + "]" for n in names)
-    runs._check_call(["pnnx", local, f"inputshape={shapes}", "fp16=0"], cwd=work)
-    param, weights = os.path.join(work, "model.ncnn.param"), os.path.join(work, "model.ncnn.bin")
-    blobs_in, blobs_out = runs._ncnn_blobs(param)
-    net = ncnn.Net()
-    net.opt.num_threads = 1
-    net.opt.lightmode = True
-    net.opt.use_fp16_packed = net.opt.use_fp16_storage = net.opt.use_fp16_arithmetic = False
-    net.opt.use_bf16_storage = False
-    if net.load_param(param) != 0 or net.load_model(weights) != 0:
-        raise RuntimeError("ncnn cannot load the param/bin pnnx wrote")
-
-    def run(given: dict) -> list:
-        outputs = [[] for _ in blobs_out]
-        for row in range(given[names[0]].shape[0]):
-            extractor = net.create_extractor()
-            for blob, name in zip(blobs_in, names):
-                extractor.input(blob, ncnn.Mat(np.ascontiguousarray(given[name][row])))
-            for k, blob in enumerate(blobs_out):
-                status, mat = extractor.extract(blob)
-                if status != 0:
-                    raise RuntimeError(f"ncnn cannot compute {blob}")
-                outputs[k].append(np.array(mat))
-        return [np.stack(rows) for rows in outputs]
-    return run
+    """As the tests run ncnn (runtime_runs.prepare_ncnn: pnnx writes the param and bin files for one row's shape,
+    fp16=0; ncnn.Net with float16 storage and arithmetic off, light mode, its default; each batch row on its own,
+    one after another, since ncnn's blobs have no batch axis), on one thread."""
+    return runs.prepare_ncnn(path, feeds, work, threads=1)
 
 
 DRIVERS = {"onnxruntime": prepare_onnxruntime, "openvino": _openvino("f32"), "openvino-default": _openvino(None),

@@ -97,7 +97,8 @@ def prepare_tvm(path: str, feeds: dict, work: str):
     return run
 
 
-def prepare_ncnn(path: str, feeds: dict, work: str):
+def prepare_ncnn(path: str, feeds: dict, work: str, threads: int = 0):
+    """``threads``: ncnn's thread count (0: its default)."""
     import ncnn
 
     names = _inputs_of(path)
@@ -113,6 +114,8 @@ def prepare_ncnn(path: str, feeds: dict, work: str):
     batch_axes = _ncnn_batch_axes(os.path.join(work, "model_ncnn.py"), len(blobs_in))
     rows_out = _row_shapes(path)
     net = ncnn.Net()
+    if threads:
+        net.opt.num_threads = threads
     net.opt.use_fp16_packed = net.opt.use_fp16_storage = net.opt.use_fp16_arithmetic = False
     net.opt.use_bf16_storage = False
     if net.load_param(param) != 0 or net.load_model(weights) != 0:
