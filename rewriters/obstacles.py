@@ -163,7 +163,7 @@ def node_obstacles(node: onnx.NodeProto, row: Runtime, constants: dict, static: 
     if node.op_type == "Gemm" and not row.computed_gemm_bias and len(node.input) > 2 and node.input[2] \
             and node.input[2] not in constants:
         return [Obstacle(name, "has no Gemm whose C is computed", kind="gemm")]
-    if node.op_type == "Conv" and not row.batched_conv and ((shapes or {}).get(node.input[0]) or [0])[0] > 1:
+    if node.op_type == "Conv" and not row.batched_conv and _batch_past_one((shapes or {}).get(node.input[0])):
         return [Obstacle(name, "takes a Conv's axis 0 for the batch axis its blobs lack: a Conv over several "
                                "images at once does not load", kind="batched")]
     if node.op_type == "Concat" and not row.empty_concat and any(
@@ -269,3 +269,9 @@ def _merged(node: onnx.NodeProto, readers: dict, constants: dict) -> bool:
     after = readers.get(found[0].output[0], [])
     return len(after) == 1 and merges_directions(found[0], after[0], int(attribute(node, "hidden_size", 0)),
                                                  constants)
+
+
+def _batch_past_one(shape) -> bool:
+    """Whether a tensor of ``shape`` (None: unknown rank) may hold more than one row on axis 0: a dimension
+    shape inference leaves unknown may."""
+    return bool(shape) and (shape[0] is None or shape[0] > 1)
