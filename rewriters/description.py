@@ -65,6 +65,26 @@ StepEquation = Callable[..., dict]
 
 
 @dataclass(frozen=True)
+class RecurrentNode:
+    """An ONNX recurrent op as the spec defines it: which of its activation functions each of its gate blocks
+    goes through (ONNX gate order; LSTM's third function is applied to the cell state, not to a gate block), and
+    its default functions, one direction's."""
+
+    op: str
+    gate_functions: tuple[int, ...]
+    default_activations: tuple[str, ...]
+
+    @property
+    def gates(self) -> int:
+        return len(self.gate_functions)
+
+
+RECURRENT_NODES = {node.op: node for node in (RecurrentNode("LSTM", (0, 0, 0, 1), ("Sigmoid", "Tanh", "Tanh")),
+                                              RecurrentNode("GRU", (0, 0, 1), ("Sigmoid", "Tanh")),
+                                              RecurrentNode("RNN", (0,), ("Tanh",)))}
+
+
+@dataclass(frozen=True)
 class CellKind:
     """A cell family's facts. Each cell module (``lstm``, ``gru``, ``simple_rnn``) defines its own
     ``KIND`` beside its matcher; nothing else in the package lists the families or names one."""
@@ -76,8 +96,6 @@ class CellKind:
     # element types onnxruntime's CPU kernel of ``onnx_op`` runs (measured on onnxruntime 1.17, 1.26 and 1.31:
     # LSTM, GRU and RNN run float16 and float32, none runs float64)
     element_types: tuple[str, ...] = ("float32", "float16")
-    # the ONNX op's default activations, per direction (a node that uses exactly these may omit them)
-    default_activations: tuple[str, ...] = ()
     # the cell's step on values (the unrolled reader checks a step TensorFlow folded against it)
     step: Optional[StepEquation] = field(default=None, compare=False, repr=False)
     # attributes of a loop body graph through which tf2onnx's own rewriters would claim this family's
@@ -90,6 +108,11 @@ class CellKind:
     @property
     def state_count(self) -> int:
         return len(self.state_roles)
+
+    @property
+    def default_activations(self) -> tuple[str, ...]:
+        """The ONNX op's default activations, per direction (a node that uses exactly these may omit them)."""
+        return RECURRENT_NODES[self.onnx_op].default_activations
 
 
 class Direction(enum.Enum):
@@ -278,17 +301,12 @@ class Pass:
         return self.stack[1] > 1
 
 
-# which of a node's activation functions each of its gate blocks goes through (ONNX order; LSTM's third
-# function is applied to the cell state, not to a gate block)
-_GATE_FUNCTIONS = {"LSTM": (0, 0, 0, 1), "GRU": (0, 0, 1), "RNN": (0,)}
-
-
 def with_hard_sigmoid_offsets_in_bias(pass_: Pass) -> Pass:
     """``pass_`` with every HardSigmoid a gate block goes through at ONNX's default beta of 0.5, the difference
     moved into that block's input bias: ``HardSigmoid(a, b)(v) = HardSigmoid(a, 0.5)(v + (b - 0.5) / a)``.
     Keras 3's GRU reads as beta 0 with its hard_sigmoid's ``+ 3`` in the bias; OpenVINO 2026.4 computes a
     HardSigmoid whose beta is 0 with beta 0.5, silently (measured)."""
-    functions = _GATE_FUNCTIONS.get(pass_.kind.onnx_op, ())
+    functions = RECURRENT_NODES[pass_.kind.onnx_op].gate_functions
     shifted = [k for k, a in enumerate(pass_.activations) if a.name == "HardSigmoid" and a.alpha and a.alpha > 0
                and a.beta is not None and a.beta != 0.5 and k in functions]
     if not shifted:

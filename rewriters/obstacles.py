@@ -28,17 +28,11 @@ from .runtimes import (
     SEQUENCE_LENS,
     Y_C,
     Y_H,
+    Kind,
     Runtime,
     Y,
-    attribute,
-    constant_values,
-    merges_directions,
-    nodes_of,
-    readers_of,
-    slot,
-    squeezes_axis_1,
-    static_shapes,
 )
+from .written.graph import attribute, constant_values, nodes_of, readers_of, slot, static_shapes
 
 _COMPACTION = frozenset({"ScatterND", "GatherND", "CumSum"})  # the portable form's mask: compaction and restore
 
@@ -61,7 +55,7 @@ class Obstacle:
     node: str
     why: str
     silent: bool = False  # the runtime gives a wrong result, no error
-    kind: str = "op"  # what about the node: op, direction, y_h, initial_states, scan, slice, inputs, integer, ...
+    kind: Kind = Kind.OP  # what about the node (or the model's inputs)
 
 
 _INTEGERS = frozenset({onnx.TensorProto.INT8, onnx.TensorProto.INT16, onnx.TensorProto.INT32, onnx.TensorProto.INT64,
@@ -90,21 +84,21 @@ def obstacles(model_proto: onnx.ModelProto, row: Runtime) -> list:
                                     shapes if graph is model_proto.graph else None))
     ranks = [len(i.type.tensor_type.shape.dim) for i in model_proto.graph.input]
     if row.max_input_rank and max(ranks, default=0) > row.max_input_rank:
-        found.insert(0, Obstacle("inputs", f"takes no input of rank {max(ranks)}", kind="rank"))
+        found.insert(0, Obstacle("inputs", f"takes no input of rank {max(ranks)}", kind=Kind.RANK))
     if not row.integer_inputs:
         given = {t.name for t in model_proto.graph.initializer}
         ints = [i.name for i in model_proto.graph.input if i.name not in given
                 and i.type.tensor_type.elem_type in _INTEGERS]
         if ints:
             why = f"takes no integer input ({ints[0]}: its converter runs the model on arbitrary values there)"
-            found.insert(0, Obstacle("inputs", why, kind="integer"))
+            found.insert(0, Obstacle("inputs", why, kind=Kind.INTEGER))
     batched = batched_input(model_proto) if row.batch_one and static else None
     if batched is not None:
         found.insert(0, Obstacle("inputs", f"computes one batch row at a time: input {batched.name} has batch "
-                                           f"{batched.type.tensor_type.shape.dim[0].dim_value}", kind="batch"))
+                                           f"{batched.type.tensor_type.shape.dim[0].dim_value}", kind=Kind.BATCH))
     if row.static_shapes and not static:
         found.insert(0, Obstacle("inputs", "compiles fixed shapes only: the model's inputs have dynamic dimensions",
-                                    kind="inputs"))
+                                    kind=Kind.INPUTS))
     return found
 
 
@@ -130,50 +124,50 @@ def node_obstacles(node: onnx.NodeProto, row: Runtime, constants: dict, static: 
     if node.domain not in ("", "ai.onnx"):
         return []
     if node.op_type in row.lacks:
-        kind = {"ReverseSequence": "reversal", "GatherElements": "gather"}.get(
-            node.op_type, "bool" if node.op_type in MASK_BOOLS else "op")
+        kind = {"ReverseSequence": Kind.REVERSAL, "GatherElements": Kind.GATHER}.get(
+            node.op_type, Kind.BOOL if node.op_type in MASK_BOOLS else Kind.OP)
         return [Obstacle(name, f"has no {node.op_type}", kind=kind)]
     if node.op_type in RECURRENT_OPS:
         return _recurrent(node, row, constants, readers, name)
     if node.op_type == "Cast" and not row.float64 and attribute(node, "to") == onnx.TensorProto.DOUBLE:
-        return [Obstacle(name, "has no float64", kind="float64")]
+        return [Obstacle(name, "has no float64", kind=Kind.FLOAT64)]
     if node.op_type == "Pad" and not row.pad_default_mode and attribute(node, "mode") is None:
-        return [Obstacle(name, "takes no Pad without its mode", kind="pad")]
+        return [Obstacle(name, "takes no Pad without its mode", kind=Kind.PAD)]
     if node.op_type == "Scan":
         if row.scan == "none":
-            return [Obstacle(name, "has no Scan", kind="scan")]
+            return [Obstacle(name, "has no Scan", kind=Kind.SCAN)]
         if row.scan == "static" and not static:
-            return [Obstacle(name, "gives a Scan with dynamic dimensions the wrong output shape", True, "scan")]
+            return [Obstacle(name, "gives a Scan with dynamic dimensions the wrong output shape", True, Kind.SCAN)]
         if row.scan_backward != "exact" and any(any(attribute(node, f"scan_{kind}_directions", []))
                                                 for kind in ("input", "output")):
             silent = row.scan_backward == "wrong"
             return [Obstacle(name, "computes a Scan running backwards otherwise than ONNX" if silent
-                             else "has no Scan running backwards", silent, "scan")]
+                             else "has no Scan running backwards", silent, Kind.SCAN)]
         if not row.scan_squeeze and any(n.op_type == "Squeeze" for n in _body(node)):
-            return [Obstacle(name, "fails to compile a Squeeze in a Scan's step", kind="scan")]
+            return [Obstacle(name, "fails to compile a Squeeze in a Scan's step", kind=Kind.SCAN)]
     if shapes is not None and static and node.op_type == "Squeeze" and not row.squeezes_unknown and \
             (shapes.get(node.input[0]) is None or None in shapes[node.input[0]]):
         return [Obstacle(name, "fails to compile a Squeeze of a tensor whose shape it cannot fix "
-                               "('tensor.collapse_shape')", kind="shape")]
+                               "('tensor.collapse_shape')", kind=Kind.SHAPE)]
     if node.op_type == "If" and (not row.if_shapes and any(n.op_type == "Shape" for n in _body(node))
                                  or shapes is not None and static and not row.if_unranked
                                  and any(o and o not in shapes for o in node.output)):
         return [Obstacle(name, "fails on an If whose branches compute shapes" if not row.if_shapes else
-                               "fails on an If whose outputs' rank shape inference leaves unknown", kind="if")]
+                               "fails on an If whose outputs' rank shape inference leaves unknown", kind=Kind.IF)]
     if node.op_type == "Gemm" and not row.computed_gemm_bias and len(node.input) > 2 and node.input[2] \
             and node.input[2] not in constants:
-        return [Obstacle(name, "has no Gemm whose C is computed", kind="gemm")]
+        return [Obstacle(name, "has no Gemm whose C is computed", kind=Kind.GEMM)]
     if node.op_type == "Conv" and not row.batched_conv and _batch_past_one((shapes or {}).get(node.input[0])):
         return [Obstacle(name, "takes a Conv's axis 0 for the batch axis its blobs lack: a Conv over several "
-                               "images at once does not load", kind="batched")]
+                               "images at once does not load", kind=Kind.BATCHED)]
     if node.op_type == "Concat" and not row.empty_concat and any(
             name in constants and np.size(constants[name]) == 0 for name in node.input):
-        return [Obstacle(name, "loads a Concat of an empty constant wrongly or not at all", True, "empty")]
+        return [Obstacle(name, "loads a Concat of an empty constant wrongly or not at all", True, Kind.EMPTY)]
     if node.op_type == "Split" and not row.unsized_split and not slot(node.input, 1) \
             and attribute(node, "split") is None:
-        return [Obstacle(name, "crashes on a Split whose sizes are not given", kind="split")]
+        return [Obstacle(name, "crashes on a Split whose sizes are not given", kind=Kind.SPLIT)]
     if node.op_type == "Slice" and row.negative_step_slice == "dropped" and _negative_step(node, constants):
-        return [Obstacle(name, "drops a Slice with step -1", True, "slice")]
+        return [Obstacle(name, "drops a Slice with step -1", True, Kind.SLICE)]
     return []
 
 
@@ -181,47 +175,47 @@ def _recurrent(node, row: Runtime, constants: dict, readers: dict, name: str) ->
     op, found = node.op_type, []
     direction = attribute(node, "direction", FORWARD)
     if direction == REVERSE and row.reverse_runs_forward and op in row.recurrent:
-        found.append(Obstacle(name, f"computes a reverse {op} forward", True, "direction"))
+        found.append(Obstacle(name, f"computes a reverse {op} forward", True, Kind.DIRECTION))
     elif direction not in row.recurrent.get(op, ()):
         found.append(Obstacle(name, f"has no {op}" if op not in row.recurrent else f"has no {direction} {op}",
-                              kind="direction" if op in row.recurrent else "op"))
+                              kind=Kind.DIRECTION if op in row.recurrent else Kind.OP))
         return found
     if op == "GRU" and not attribute(node, "linear_before_reset", 0) and row.gru_linear_before_reset_0 != "exact":
         silent = row.gru_linear_before_reset_0 == "as 1"
         found.append(Obstacle(name, ("computes a GRU of linear_before_reset=0 as 1" if silent else
                                      "has no GRU with linear_before_reset=0") + " (Keras's reset_after=False)",
-                              silent, "op"))
+                              silent, Kind.OP))
     found.extend(_activations(node, row.activations.get(op), 2 if direction == BIDIRECTIONAL else 1, name))
     lengths = slot(node.input, SEQUENCE_LENS)
     if lengths:
         if row.sequence_lens == "ignored" and lengths not in constants:
-            found.append(Obstacle(name, f"ignores {op}'s computed sequence_lens", True, "sequence_lens"))
+            found.append(Obstacle(name, f"ignores {op}'s computed sequence_lens", True, Kind.SEQUENCE_LENS))
         elif row.sequence_lens == "constant" and lengths not in constants:
-            found.append(Obstacle(name, f"takes {op}'s sequence_lens only as a constant", kind="sequence_lens"))
+            found.append(Obstacle(name, f"takes {op}'s sequence_lens only as a constant", kind=Kind.SEQUENCE_LENS))
         elif row.sequence_lens == "none":
-            found.append(Obstacle(name, f"has no {op} with sequence_lens", kind="sequence_lens"))
+            found.append(Obstacle(name, f"has no {op} with sequence_lens", kind=Kind.SEQUENCE_LENS))
     if op == "LSTM" and slot(node.input, PEEPHOLES) and row.peepholes != "exact":
         found.append(Obstacle(name, "computes LSTM peepholes otherwise than ONNX", row.peepholes == "wrong",
-                              "peepholes"))
+                              Kind.PEEPHOLES))
     if slot(node.output, Y_H) and slot(node.output, Y_H) in readers and op not in row.reads_y_h:
-        found.append(Obstacle(name, f"fails on a read Y_h of {op}", kind="y_h"))
+        found.append(Obstacle(name, f"fails on a read Y_h of {op}", kind=Kind.Y_H))
     if op == "LSTM" and slot(node.output, Y_C) and slot(node.output, Y_C) in readers and not row.reads_y_c:
-        found.append(Obstacle(name, "fails on a read Y_c of LSTM", kind="op"))
-    if row.recurrent_read_as == "squeezed" and direction == FORWARD and not _squeezed(node.output[Y], readers,
+        found.append(Obstacle(name, "fails on a read Y_c of LSTM", kind=Kind.OP))
+    if row.y_read_squeezed and direction == FORWARD and not _squeezed(node.output[Y], readers,
                                                                                           constants):
         found.append(Obstacle(name, f"maps {op} only when its Y alone is read, by a Squeeze of its axis 1",
-                              kind="y_h"))
-    if row.recurrent_read_as == "squeezed" and direction == BIDIRECTIONAL and not _merged(node, readers, constants):
+                              kind=Kind.Y_H))
+    if row.y_read_squeezed and direction == BIDIRECTIONAL and not _merged(node, readers, constants):
         found.append(Obstacle(name, f"maps a bidirectional {op} only when its Y alone is read, by a Transpose(0, 2, "
-                                    "1, 3) and a Reshape to [T, B, 2H]", kind="y_h"))
+                                    "1, 3) and a Reshape to [T, B, 2H]", kind=Kind.Y_H))
     if not row.given_states and any(slot(node.input, s) for s in (INITIAL_H, INITIAL_C)):
-        found.append(Obstacle(name, f"maps {op} only without initial states", kind="given_states"))
+        found.append(Obstacle(name, f"maps {op} only without initial states", kind=Kind.GIVEN_STATES))
     if op in row.initial_states_needed and not slot(node.input, INITIAL_H):
-        found.append(Obstacle(name, f"fails on {op} without initial states", kind="initial_states"))
+        found.append(Obstacle(name, f"fails on {op} without initial states", kind=Kind.INITIAL_STATES))
     elif op in row.all_states_need_initial and not slot(node.input, INITIAL_H) and \
             all(slot(node.output, k) in readers for k in (Y, Y_H, Y_C)):
         found.append(Obstacle(name, f"fails on {op} without initial states whose Y, Y_h and Y_c are all read",
-                              kind="initial_states"))
+                              kind=Kind.INITIAL_STATES))
     return found
 
 
@@ -237,13 +231,13 @@ def _activations(node: onnx.NodeProto, facts, directions: int, name: str) -> lis
     half = len(written) // directions
     if not wrong and not facts.per_direction and directions == 2 and written[:half] != written[half:]:
         return [Obstacle(name, f"computes both directions of {op} with the forward one's functions", True,
-                         "activations")]
+                         Kind.ACTIVATIONS)]
     if not wrong:
         return []
     silent = facts.silent is True or (bool(facts.silent) and wrong <= facts.silent)
     what = ", ".join(sorted(wrong))
     return [Obstacle(name, f"computes {op}'s {what} otherwise than ONNX" if silent else f"has no {op} with {what}",
-                     silent, "activations")]
+                     silent, Kind.ACTIVATIONS)]
 
 
 def _negative_step(node: onnx.NodeProto, constants: dict) -> bool:
@@ -275,3 +269,23 @@ def _batch_past_one(shape) -> bool:
     """Whether a tensor of ``shape`` (None: unknown rank) may hold more than one row on axis 0: a dimension
     shape inference leaves unknown may."""
     return bool(shape) and (shape[0] is None or shape[0] > 1)
+
+
+def squeezes_axis_1(node: Optional[onnx.NodeProto], constants: Optional[dict] = None) -> bool:
+    """Whether ``node`` is a Squeeze of axis 1 alone (its axes an attribute or a constant input)."""
+    if node is None or node.op_type != "Squeeze":
+        return False
+    axes = attribute(node, "axes")
+    if axes is None and len(node.input) > 1 and constants is not None:
+        axes = constants.get(node.input[1])
+    return axes is not None and [int(a) for a in np.asarray(axes).ravel()] == [1]
+
+
+def merges_directions(transpose: Optional[onnx.NodeProto], reshape: Optional[onnx.NodeProto], hidden: int,
+                      constants: dict) -> bool:
+    """Whether ``transpose`` then ``reshape`` read a bidirectional Y [T, 2, B, H] as [T, B, 2H]."""
+    if transpose is None or reshape is None or transpose.op_type != "Transpose" or reshape.op_type != "Reshape":
+        return False
+    shape = constants.get(reshape.input[1]) if len(reshape.input) > 1 else None
+    return list(attribute(transpose, "perm", [])) == [0, 2, 1, 3] and shape is not None and \
+        np.size(shape) == 3 and int(np.ravel(shape)[2]) == 2 * hidden and all(int(d) > 0 for d in np.ravel(shape))

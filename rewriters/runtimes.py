@@ -15,14 +15,13 @@ row here and its tests.
 """
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
-from typing import Iterable, Optional
+from typing import Optional
 
-import numpy as np
-import onnx
-from onnx import helper, numpy_helper
+from .description import RECURRENT_NODES
 
-RECURRENT_OPS = ("LSTM", "GRU", "RNN")
+RECURRENT_OPS = tuple(RECURRENT_NODES)
 FORWARD, REVERSE, BIDIRECTIONAL = "forward", "reverse", "bidirectional"
 ALL_DIRECTIONS = frozenset({FORWARD, REVERSE, BIDIRECTIONAL})
 # ONNX input and output slots of LSTM/GRU/RNN, named once
@@ -30,8 +29,44 @@ SEQUENCE_LENS, INITIAL_H, INITIAL_C, PEEPHOLES = 4, 5, 6, 7
 Y, Y_H, Y_C = 0, 1, 2
 
 
+class Kind(str, enum.Enum):
+    """What an obstacle is about: the kinds a lowering rung answers and a target's form removes."""
+
+    OP = "op"  # an op it has no lowering or layer for (or a GRU of linear_before_reset=0)
+    DIRECTION = "direction"  # a recurrent node's direction
+    ACTIVATIONS = "activations"  # a recurrent node's functions
+    SEQUENCE_LENS = "sequence_lens"
+    PEEPHOLES = "peepholes"
+    Y_H = "y_h"  # how a recurrent node's outputs are read
+    INITIAL_STATES = "initial_states"  # a recurrent node's initial states, not given
+    GIVEN_STATES = "given_states"  # a recurrent node's initial states, given
+    SCAN = "scan"
+    SHAPE = "shape"  # a Squeeze of a tensor of unknown shape
+    IF = "if"
+    GEMM = "gemm"
+    BATCHED = "batched"  # a Conv over several images at once
+    EMPTY = "empty"  # a Concat of an empty constant
+    SLICE = "slice"  # a Slice with step -1
+    SPLIT = "split"  # a Split without sizes
+    PAD = "pad"  # a Pad without a mode
+    GATHER = "gather"
+    REVERSAL = "reversal"  # ReverseSequence
+    BOOL = "bool"  # the mask's bool arithmetic
+    FLOAT64 = "float64"
+    INPUTS = "inputs"  # the model's inputs: dynamic dimensions
+    RANK = "rank"  # the model's inputs: their rank
+    INTEGER = "integer"  # the model's inputs: integer ones
+    BATCH = "batch"  # the model's inputs: a batch over 1
+
+    def __str__(self) -> str:
+        return self.value
+
+
+MODEL_KINDS = frozenset({Kind.INPUTS, Kind.RANK, Kind.INTEGER, Kind.BATCH})  # about the whole model, not a node
+
+
 # ONNX's own activation functions of each recurrent op, one direction's (the spec's defaults)
-DEFAULT_ACTIVATIONS = {"LSTM": ("Sigmoid", "Tanh", "Tanh"), "GRU": ("Sigmoid", "Tanh"), "RNN": ("Tanh",)}
+DEFAULT_ACTIVATIONS = {op: node.default_activations for op, node in RECURRENT_NODES.items()}
 
 
 @dataclass(frozen=True)
@@ -94,9 +129,9 @@ class Runtime:
     empty_concat: bool = True  # computes a Concat one of whose inputs is an empty constant
     max_input_rank: int = 0  # the highest rank of an input it takes (0: any)
     masks: str = ""  # why it computes no masked layer in any form this package writes ("": it computes them)
-    # how a recurrent node's Y must be read to be mapped, else "": "squeezed" (ncnn): a forward node's by one Squeeze
-    # of axis 1, a bidirectional node's by one Transpose(0, 2, 1, 3) and one Reshape to [T, B, 2H]
-    recurrent_read_as: str = ""
+    # a recurrent node is mapped only where its Y alone is read, squeezed (ncnn): a forward node's by one Squeeze of
+    # axis 1, a bidirectional node's by one Transpose(0, 2, 1, 3) and one Reshape to [T, B, 2H]
+    y_read_squeezed: bool = False
     tolerance: float = 1e-4  # relative error its arithmetic allows against the source (float16: more)
     # the nodes of a model of steps written out it compiles in about a minute (measured: benchmarks/long_sequences.py;
     # more take longer than linearly); 0: not measured
@@ -110,7 +145,7 @@ class Runtime:
 _LOOPING = frozenset({"Loop"})
 # what the portable form writes otherwise: masks compacted, zero states given, peephole cells as a Scan, reversals
 # of computed lengths gathered
-_PORTABLE_REMOVES = frozenset({"sequence_lens", "initial_states", "peepholes", "reversal"})
+_PORTABLE_REMOVES = frozenset({Kind.SEQUENCE_LENS, Kind.INITIAL_STATES, Kind.PEEPHOLES, Kind.REVERSAL})
 MASK_BOOLS = frozenset({"Equal", "Not", "Where", "And", "Or", "Less", "Greater", "GreaterOrEqual", "LessOrEqual"})
 
 RUNTIMES = (
@@ -177,7 +212,7 @@ RUNTIMES = (
                          "RNN": Activations(frozenset({"Tanh"}), silent=frozenset({"Relu"}))},
             scan="none", lacks=_LOOPING | MASK_BOOLS | {"ReverseSequence", "If", "ScatterND", "GatherND", "CumSum",
                                                          "GatherElements", "DFT"},
-            negative_step_slice="dropped", static_shapes=True, recurrent_read_as="squeezed", package="ncnn",
+            negative_step_slice="dropped", static_shapes=True, y_read_squeezed=True, package="ncnn",
             nodes_in_a_minute=12000,
             measured="a forward recurrent node is mapped only when its Y alone is read, by a Squeeze of axis 1, and "
                      "no initial state is given; a bidirectional LSTM or GRU is mapped to ncnn's own bidirectional "
@@ -207,83 +242,3 @@ RUNTIMES = (
                      "a Scan builds too slowly to use"),
 )
 BY_KEY = {runtime.key: runtime for runtime in RUNTIMES}
-def attribute(node: onnx.NodeProto, name: str, default=None):
-    for a in node.attribute:
-        if a.name == name:
-            value = helper.get_attribute_value(a)
-            if isinstance(value, list):
-                return [v.decode() if isinstance(v, bytes) else v for v in value]
-            return value.decode() if isinstance(value, bytes) else value
-    return default
-
-
-def slot(names, index: int) -> str:
-    """The name at ``index`` of a node's inputs or outputs ("" where absent)."""
-    return names[index] if len(names) > index else ""
-
-
-def constant_values(graph: onnx.GraphProto) -> dict:
-    """name -> value of ``graph``'s initializers and Constant nodes."""
-    values = {t.name: t for t in graph.initializer}
-    values.update({n.output[0]: n.attribute[0].t for n in graph.node
-                   if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"})
-    return {name: numpy_helper.to_array(t) for name, t in values.items()}
-
-
-def nodes_of(graph: onnx.GraphProto) -> Iterable:
-    for node in graph.node:
-        yield graph, node
-        for a in node.attribute:
-            for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
-                yield from nodes_of(sub)
-
-
-def readers_of(main: onnx.GraphProto, graph: Optional[onnx.GraphProto] = None) -> dict:
-    """name -> the nodes (of ``main`` and its subgraphs) that read it; a graph output is read by None."""
-    readers: dict = {}
-    for _, n in nodes_of(main):
-        for name in n.input:
-            if name:
-                readers.setdefault(name, []).append(n)
-    for output in list(main.output) + (list(graph.output) if graph is not None else []):
-        readers.setdefault(output.name, []).append(None)
-    return readers
-
-
-def squeezes_axis_1(node: Optional[onnx.NodeProto], constants: Optional[dict] = None) -> bool:
-    """Whether ``node`` is a Squeeze of axis 1 alone (its axes an attribute or a constant input)."""
-    if node is None or node.op_type != "Squeeze":
-        return False
-    axes = attribute(node, "axes")
-    if axes is None and len(node.input) > 1 and constants is not None:
-        axes = constants.get(node.input[1])
-    return axes is not None and [int(a) for a in np.asarray(axes).ravel()] == [1]
-
-
-def merges_directions(transpose: Optional[onnx.NodeProto], reshape: Optional[onnx.NodeProto], hidden: int,
-                      constants: dict) -> bool:
-    """Whether ``transpose`` then ``reshape`` read a bidirectional Y [T, 2, B, H] as [T, B, 2H]."""
-    if transpose is None or reshape is None or transpose.op_type != "Transpose" or reshape.op_type != "Reshape":
-        return False
-    shape = constants.get(reshape.input[1]) if len(reshape.input) > 1 else None
-    return list(attribute(transpose, "perm", [])) == [0, 2, 1, 3] and shape is not None and \
-        np.size(shape) == 3 and int(np.ravel(shape)[2]) == 2 * hidden and all(int(d) > 0 for d in np.ravel(shape))
-
-
-def static_shapes(model_proto: onnx.ModelProto) -> dict:
-    """name -> its dimensions (an int, or None where not static), by ONNX's shape inference (the main graph's)."""
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model_proto, data_prop=True)
-    except Exception:  # noqa: BLE001 - without inference, only the declared shapes are known
-        inferred = model_proto
-    found = {}
-    graph = inferred.graph
-    for value in list(graph.input) + list(graph.value_info) + list(graph.output):
-        if value.type.tensor_type.HasField("shape"):
-            found[value.name] = [d.dim_value if d.HasField("dim_value") else None
-                                 for d in value.type.tensor_type.shape.dim]
-    for tensor in graph.initializer:
-        found[tensor.name] = list(tensor.dims)
-    return found
-
-

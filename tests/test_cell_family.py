@@ -34,7 +34,7 @@ MGU_MODULE = textwrap.dedent('''
     from .skeleton import Skeleton
 
     KIND = CellKind(keras_name="MGU", onnx_op="GRU", scope_hint="mgu", state_roles=(StateRole.HIDDEN,),
-                    default_activations=("Sigmoid", "Tanh"), step=gru_step)
+                    step=gru_step)
 
 
     def _negated(source):

@@ -293,7 +293,7 @@ def build_model(flavor: str, which: str = "main"):
 # a TF 1.x graph whose two-layer bidirectional op takes lengths and initial states computed from x
 # (cudnn_graphs.computed_lengths_graph), checked against Keras's canonical layers
 CUDNN_MODELS = ("gpu_export", "cudnn_layers", "tf1_graph")
-# the main model with a fixed signature, converted for a runtime target (rewriters.lower writes it for that
+# the main model with a fixed signature, converted for a runtime target (rewriters.written.lower writes it for that
 # runtime): TVM's lowers each native node to its steps, rknn's each masked layer's own step (its mask as floats)
 RUNTIME_MODELS = ("for_tvm", "for_rknn")
 

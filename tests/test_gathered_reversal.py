@@ -1,4 +1,4 @@
-"""The portable form's ``ReverseSequence`` as an element gather (``rewriters.emit.gathered_reversal``):
+"""The portable form's ``ReverseSequence`` as an element gather (``rewriters.written.gathered_reversal``):
 bit for bit what onnxruntime's ``ReverseSequence`` gives, for either axis order, ranks 2 to 4, rows of
 full, partial, one-step and empty lengths, at a batch unlike the time length."""
 from __future__ import annotations
@@ -25,7 +25,7 @@ def _model(rank: int, time_axis: int, opset: int) -> onnx.ModelProto:
 @pytest.mark.parametrize("time_axis", [0, 1])
 @pytest.mark.parametrize("rank", [2, 3, 4])
 def test_gathered_reversal_equals_reverse_sequence(rank, time_axis, opset):
-    from tf2onnx_rnn.rewriters.emit.gathered_reversal import reverse_sequences_as_gathers
+    from tf2onnx_rnn.rewriters.written.gathered_reversal import reverse_sequences_as_gathers
 
     original = _model(rank, time_axis, opset)
     rewritten = onnx.ModelProto()

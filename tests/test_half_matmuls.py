@@ -1,4 +1,4 @@
-"""Float16 ``MatMul`` of a time-major swap (``rewriters.emit.half_matmuls``).
+"""Float16 ``MatMul`` of a time-major swap (``rewriters.written.half_matmuls``).
 
 onnxruntime 1.23-1.32 ends the process while creating a session on a float16 ``Transpose(perm=[1, 0,
 2])`` read by a ``MatMul`` with a constant 2-D right side. The pass writes the product first and
@@ -22,7 +22,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tf2onnx_rnn.rewriters.emit.half_matmuls import swap_half_matmuls
+from tf2onnx_rnn.rewriters.written.half_matmuls import swap_half_matmuls
 
 FEATURES, HIDDEN = 3, 5
 

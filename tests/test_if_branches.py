@@ -1,4 +1,4 @@
-"""The written model's If nodes made lean (``rewriters.emit.if_branches``), on hand-built graphs: what
+"""The written model's If nodes made lean (``rewriters.written.if_branches``), on hand-built graphs: what
 only one branch reads moves into it, a Transpose of an If's output moves into both branches, a branch
 output passed through an Identity is made by its producer, a recurrent node never moves, a
 Bidirectional's halves chosen by Ifs on one condition meet in one If whose lean branch transposes the
@@ -13,7 +13,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import helpers
-from tf2onnx_rnn.rewriters.emit.if_branches import lean_branches
+from tf2onnx_rnn.rewriters.written.if_branches import lean_branches
 
 T, B, F = 5, 3, 2
 

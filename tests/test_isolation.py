@@ -2,7 +2,7 @@
 
 onnxruntime 1.23-1.32 ends the process creating a session on a float16 ``MatMul`` of a time-major swap
 (tests/test_half_matmuls.py pins it); the converter writes that product otherwise
-(``rewriters.emit.half_matmuls``). With that pass turned off, a frozen graph computing such a product
+(``rewriters.written.half_matmuls``). With that pass turned off, a frozen graph computing such a product
 converts to a model onnxruntime crashes on: the conversion must raise a one-line ``RuntimeCrashed`` (a
 ``ConversionError``) naming onnxruntime, the signal and the stage, write nothing, and leave its caller
 running; the command line exits 3. The same conversion with the pass converts, and the child's check
@@ -19,7 +19,7 @@ import pytest
 
 import helpers
 
-TURN_OFF_THE_PASS = ("import tf2onnx_rnn.rewriters.emit.half_matmuls as passes\n"
+TURN_OFF_THE_PASS = ("import tf2onnx_rnn.rewriters.written.half_matmuls as passes\n"
                      "passes.swap_half_matmuls = lambda model: 0\n")
 
 

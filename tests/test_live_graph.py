@@ -22,7 +22,7 @@ def _index(scope) -> tuple:
 
 
 def _rebuilt(graph: onnx.GraphProto) -> tuple:
-    from tf2onnx_rnn.rewriters.scan.graph_index import Scope
+    from tf2onnx_rnn.rewriters.written.scope import Scope
 
     return _index(Scope(graph))
 
@@ -36,7 +36,7 @@ def _graph() -> onnx.GraphProto:
 
 
 def test_each_edit_entered_gives_the_index_a_rebuild_gives():
-    from tf2onnx_rnn.rewriters.scan.live_graph import LiveScope
+    from tf2onnx_rnn.rewriters.written.scan.live_graph import LiveScope
 
     graph = _graph()
     scope = LiveScope(graph)
@@ -83,8 +83,8 @@ def test_the_pass_reads_what_it_would_read_rebuilding_every_loop(monkeypatch, fo
     """Converting a stack of Scan-form layers: at each loop, the index and the types are those a rebuild of
     the index and an inference of the whole model give; the model is exact."""
     from tf2onnx_rnn import convert_keras
-    from tf2onnx_rnn.rewriters.scan import inferred_types
-    from tf2onnx_rnn.rewriters.scan.graph_index import TypeTable
+    from tf2onnx_rnn.rewriters.written.scan import inferred_types
+    from tf2onnx_rnn.rewriters.written.scope import TypeTable
 
     table, seen = inferred_types.InferredTypes.table, []
 

@@ -62,8 +62,8 @@ def _loop_model(gated_state: bool = True, zero_stack: bool = True, stack_used: b
 
 
 def _read(model: onnx.ModelProto):
-    from tf2onnx_rnn.rewriters.scan.graph_index import Scope, TypeTable
-    from tf2onnx_rnn.rewriters.scan.loop_reading import read_loop
+    from tf2onnx_rnn.rewriters.written.scan.loop_reading import read_loop
+    from tf2onnx_rnn.rewriters.written.scope import Scope, TypeTable
 
     scope, types = Scope(model.graph), TypeTable(model)
     loop = next(n for n in model.graph.node if n.op_type == "Loop")
@@ -76,7 +76,7 @@ def _run(model: onnx.ModelProto, x, lengths, h0) -> list:
 
 @pytest.mark.parametrize("lengths", [[5, 0, 2], [2, 1, 0], [0, 0, 0], [5, 5, 5], [3]])
 def test_a_loop_ending_at_the_longest_row_is_a_scan_of_every_step(lengths):
-    from tf2onnx_rnn.rewriters.scan.rewrite import write_scan
+    from tf2onnx_rnn.rewriters.written.scan.rewrite import write_scan
 
     model = _loop_model()
     loop_map, loop, scope, types = _read(model)

@@ -28,12 +28,18 @@ import parity
 from runtime_models import BATCH, FEATURES, MODELS, TARGETS, TIME, UNITS, converted, seed
 from runtime_models import model as _model
 from tf2onnx_rnn import ConversionError, convert_keras, report_of
-from tf2onnx_rnn.rewriters.lower.build import Writer
-from tf2onnx_rnn.rewriters.lower.forward import as_forward_nodes, last_step_as_y_h, read_merged, zero_initial_states
-from tf2onnx_rnn.rewriters.lower.scan_node import node_as_scan
-from tf2onnx_rnn.rewriters.lower.steps import node_as_steps
 from tf2onnx_rnn.rewriters.obstacles import node_obstacles, obstacles
-from tf2onnx_rnn.rewriters.runtimes import BIDIRECTIONAL, BY_KEY, RUNTIMES, attribute
+from tf2onnx_rnn.rewriters.runtimes import BIDIRECTIONAL, BY_KEY, RUNTIMES
+from tf2onnx_rnn.rewriters.written.builder import Writer
+from tf2onnx_rnn.rewriters.written.graph import attribute
+from tf2onnx_rnn.rewriters.written.lower.forward import (
+    as_forward_nodes,
+    last_step_as_y_h,
+    read_merged,
+    zero_initial_states,
+)
+from tf2onnx_rnn.rewriters.written.lower.scan_node import node_as_scan
+from tf2onnx_rnn.rewriters.written.lower.steps import node_as_steps
 
 GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 
@@ -210,7 +216,7 @@ def test_a_bidirectional_node_read_merged_computes_the_node(op):
 def test_the_op_rungs_compute_the_ops_they_replace():
     """An unsized Split given its sizes, a GatherElements reversing an axis as its pieces concatenated, a Concat
     without its empty constant, a Pad with its default mode written (each an obstacle of ncnn's row first)."""
-    from tf2onnx_rnn.rewriters.lower.op_rungs import OP_RUNGS
+    from tf2onnx_rnn.rewriters.written.lower.op_rungs import OP_RUNGS
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [TIME, BATCH, 2 * UNITS])
     index = np.broadcast_to(np.arange(TIME)[::-1, None, None], (TIME, BATCH, UNITS)).astype(np.int64)
@@ -245,8 +251,8 @@ def test_the_op_rungs_compute_the_ops_they_replace():
 def test_moves_of_axes_of_size_1_merge_into_one_transpose():
     """A Transpose between Reshapes that only move axes of size 1 (a time-major [T, 1, ...] made batch-major and
     back) is one Transpose of the same values; a chain that keeps every axis in place goes."""
-    from tf2onnx_rnn.rewriters.lower.per_step import merged_transposes
-    from tf2onnx_rnn.rewriters.runtimes import static_shapes
+    from tf2onnx_rnn.rewriters.written.graph import static_shapes
+    from tf2onnx_rnn.rewriters.written.lower.per_step import merged_transposes
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, TIME, 3, 4])
     graph = helper.make_graph(

@@ -279,7 +279,7 @@ def _loop_model(cond_bound_offset: int = 0, read_offset: int = 0, trip_from_shap
 
 def _scan_form(model: onnx.ModelProto):
     from tf2onnx_rnn.rewriters.outcome import Findings, Outcome
-    from tf2onnx_rnn.rewriters.scan import scan_loops
+    from tf2onnx_rnn.rewriters.written.scan import scan_loops
 
     findings = Findings([Outcome("rnn/while", "rnn", "unknown", "", "Loop", reason="not a SimpleRNN cell: test")])
     scan_loops(model, findings)

@@ -1,5 +1,5 @@
 """A layer normalisation in a Scan's step written as one ``LayerNormalization`` node
-(``rewriters/scan/normalisation.py``), on hand-built graphs of the nodes tf2onnx writes for
+(``rewriters/written/scan/normalisation.py``), on hand-built graphs of the nodes tf2onnx writes for
 TensorFlow's moments-based normalisation, in the arrangements it takes:
 
 - each arrangement that computes ``gamma * (x - mean) / sqrt(var + eps) + beta`` (beta added inside
@@ -19,8 +19,8 @@ import pytest
 from onnx import helper, numpy_helper
 
 import helpers
-from tf2onnx_rnn.rewriters.scan.graph_index import Scope, TypeTable
-from tf2onnx_rnn.rewriters.scan.normalisation import fuse_layer_normalisations
+from tf2onnx_rnn.rewriters.written.scan.normalisation import fuse_layer_normalisations
+from tf2onnx_rnn.rewriters.written.scope import Scope, TypeTable
 
 WIDTH = 6
 

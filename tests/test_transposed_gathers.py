@@ -1,5 +1,5 @@
 """A row gather feeding a swap of its first two axes becomes one gather with its index transposed
-(``rewriters.emit.transposed_gathers``): same values, bit for bit, one pass fewer; every other
+(``rewriters.written.transposed_gathers``): same values, bit for bit, one pass fewer; every other
 arrangement is left as it is. Hand-built graphs, run in onnxruntime; and a converted masked layer."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import helpers
-from tf2onnx_rnn.rewriters.emit.transposed_gathers import fold_transposed_gathers
+from tf2onnx_rnn.rewriters.written.transposed_gathers import fold_transposed_gathers
 
 T, B, H = 5, 3, 4
 

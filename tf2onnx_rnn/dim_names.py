@@ -25,6 +25,8 @@ from typing import Optional, Sequence
 
 import onnx
 
+from .rewriters.written.graph import attribute, subgraphs
+
 logger = logging.getLogger("tf2onnx_rnn")
 
 # recurrent op -> (input slots whose axis 1 is the batch in layout 0: initial states, and the slot of sequence_lens)
@@ -126,14 +128,14 @@ def _read_recurrent_nodes(symbols: dict, classes: _Classes) -> None:
     by_symbol = {f"__axis_{index}": axis for index, axis in enumerate(classes.axes)}
     for node, shapes in symbols.get("__nodes__", ()):
         if node.op_type == "Scan":  # each scanned input's scanned axis (0 unless the node says)
-            scanned = list(node.input)[len(node.input) - (_attribute(node, "num_scan_inputs") or 0):]
-            axes = list(_attribute(node, "scan_input_axes") or [0] * len(scanned))
+            scanned = list(node.input)[len(node.input) - (attribute(node, "num_scan_inputs") or 0):]
+            axes = list(attribute(node, "scan_input_axes") or [0] * len(scanned))
             for name, axis in zip(scanned, axes):
                 x = shapes.get(name) or []
                 if -len(x) <= axis < len(x) and x[axis] in by_symbol:
                     classes.union_all([by_symbol[x[axis]]], "time")
             continue
-        time_axis, batch_axis = (1, 0) if _attribute(node, "layout") == 1 else (0, 1)
+        time_axis, batch_axis = (1, 0) if attribute(node, "layout") == 1 else (0, 1)
         x = shapes.get(node.input[0]) or []
         batch = [x[batch_axis] if len(x) > batch_axis else None]
         for slot in _RECURRENT[node.op_type]:
@@ -226,9 +228,8 @@ def _rename_intermediates(graph: onnx.GraphProto, renames: dict) -> None:
                 elif dim.dim_param.startswith("unk__"):
                     dim.ClearField("dim_param")
     for node in graph.node:
-        for attribute in node.attribute:
-            for sub in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
-                _rename_intermediates(sub, renames)
+        for sub in subgraphs(node):
+            _rename_intermediates(sub, renames)
 
 
 def _rename(dim, name: str, renames: dict) -> None:
@@ -262,9 +263,3 @@ def _symbol(dim):
 def _shown(dim) -> str:
     return str(dim.dim_value) if dim.HasField("dim_value") else dim.dim_param
 
-
-def _attribute(node, name: str):
-    for attribute in node.attribute:
-        if attribute.name == name:
-            return onnx.helper.get_attribute_value(attribute)
-    return None

@@ -23,7 +23,7 @@ PORTABLE = "portable"  # this package's own target: masked layers without a comp
 TRAINING = "training"  # and its form for onnxruntime's training API (see tf2onnx_rnn.training)
 ONNXRUNTIME = "onnxruntime"  # and onnxruntime's fastest form: SimpleRNN as input MatMul + Scan
 # and one per runtime of rewriters.runtimes' table that needs a form of its own: the portable form, lowered
-# for that runtime as far as its row needs (rewriters.lower), with fixed shapes
+# for that runtime as far as its row needs (rewriters.written.lower), with fixed shapes
 RUNTIME_TARGETS = ("iree", "tvm", "ncnn", "rknn")
 OWN_TARGETS = (PORTABLE, TRAINING, ONNXRUNTIME) + RUNTIME_TARGETS
 

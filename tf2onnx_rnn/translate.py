@@ -63,39 +63,12 @@ def to_onnx(frozen: Frozen, options: Options) -> tuple:
     findings = runs[-1]
     _check_fused_ops(frozen, findings)
     _check_nchw(_io_ranks(model_proto), nchw)
-    _scan_form(model_proto, findings, bool(options.streaming))
-    if not options.defaults_states:  # the Scan form's streamed states too
-        drop_state_defaults(model_proto, findings)
-    if options.portable and not options.runtime:  # before the passes: its Scans' input MatMuls are theirs too
-        _portable_kernels(model_proto, findings)
-    _written_model_passes(model_proto, options.portable)
+    _written_model_passes(model_proto, findings, options)
     return model_proto, nchw, findings
 
 
-def _portable_kernels(model_proto: onnx.ModelProto, findings: Findings) -> None:
-    """The portable form: each recurrent node whose activations a runtime it is for (OpenVINO, tract,
-    onnx.reference) does not compute in its kernel, as a Scan of its own step (``rewriters.lower``); its row
-    says so. A failure leaves the node, and the report says where it does not run."""
-    from .rewriters.lower.ladder import kernels_as_scans
-    from .rewriters.runtimes import RUNTIMES
-
-    try:
-        written = kernels_as_scans(model_proto, [r for r in RUNTIMES if r.target == "portable"])
-    except Exception as error:  # noqa: BLE001 - the nodes stay, exact in onnxruntime; the report says the rest
-        logger.warning("recurrent nodes stay as written: internal error writing them as Scans: %s: %s",
-                       type(error).__name__, error, exc_info=True)
-        return
-    def scan(o):  # a bidirectional node's backward pass: its second Scan
-        scans = written[o.node][0]
-        return scans[min(len(scans) - 1, int(o.node_direction == "bidirectional" and o.direction != "forward"))]
-
-    findings.outcomes = [dataclasses.replace(o, became=SCAN, own_step=True, node=scan(o),
-                                             form="a Scan of its own step (portable form)", reason=written[o.node][1])
-                         if o.node in written else o for o in findings.outcomes]
-
-
 def lower_for_runtime(model_proto: onnx.ModelProto, target: str, report):
-    """The written model lowered for the runtime of ``target`` (``rewriters.lower``: each layer only as far
+    """The written model lowered for the runtime of ``target`` (``rewriters.written.lower``: each layer only as far
     as that runtime's row of ``rewriters.runtimes`` needs), and ``report`` saying how each layer is computed
     there; its inputs must have fixed shapes, and what the runtime still cannot compute is a
     :class:`ConversionError` naming the runtime, the layer and why."""
@@ -125,7 +98,7 @@ def lower_for_runtime(model_proto: onnx.ModelProto, target: str, report):
         logger.debug("lowering for %s raised", row.name, exc_info=True)
         raise ConversionError(f"{param('target')} {target}: internal error while writing the model for {row.name}: "
                               f"{type(error).__name__}: {first_line(str(error))}") from None
-    _half_matmuls_swapped(model_proto)  # the lowering's Scans project their inputs as the steps did not
+    _after_lowering(model_proto)
     rows = []
     scans = {n.name for n in model_proto.graph.node if n.op_type == "Scan"}
     for o in report.outcomes:
@@ -148,8 +121,8 @@ def lower_for_runtime(model_proto: onnx.ModelProto, target: str, report):
 def _lowered(model_proto: onnx.ModelProto, target: str, row, report):
     """``model_proto`` lowered for ``row``'s runtime, or the :class:`ConversionError` saying what it cannot
     compute (and why a layer is not in the form the runtime's target writes, where the report says)."""
-    from .rewriters.lower import lower_for
     from .rewriters.obstacles import masked_own_step
+    from .rewriters.written.lower import lower_for
 
     masked = [o for o in report.outcomes if o.mask or (o.reason and o.reason == masked_own_step(row))]
     if row.masks and masked:
@@ -168,77 +141,24 @@ def _lowered(model_proto: onnx.ModelProto, target: str, row, report):
     return lowered
 
 
-def drop_state_defaults(model_proto: onnx.ModelProto, findings: Findings) -> None:
-    """Streamed state inputs without their defaults (``state_defaults=False``, and by default for the
-    portable target): required, as OpenVINO and tract need them to feed states (both read an input that
-    has an initializer as that constant)."""
-    states = {name for row in findings.outcomes for name in row.state_inputs if name}
-    kept = [tensor for tensor in model_proto.graph.initializer if tensor.name not in states]
-    del model_proto.graph.initializer[:]
-    model_proto.graph.initializer.extend(kept)
-
-
-def _scan_form(model_proto: onnx.ModelProto, findings: Findings, streaming: bool = False) -> None:
-    """The recurrent loops no native node computes, each as a Scan of its own step where it is a per-step
-    map (``rewriters.scan``), its states streamed in and out with ``streaming``; a failure to even start
-    leaves every loop the exact Loop it is."""
+def _written_model_passes(model_proto: onnx.ModelProto, findings: Findings, options: Options) -> None:
+    """What is done to the model tf2onnx wrote (``rewriters.written.passes``); a failure to even import them
+    leaves the model as tf2onnx wrote it, exact, and says so."""
     try:
-        from .rewriters.scan import scan_loops
-
-        scan_loops(model_proto, findings, streaming)
-    except Exception as error:  # noqa: BLE001 - the Loops stay, exact; their rows say they are Loops
-        logger.warning("recurrent loops stay Loops: internal error while writing the Scan form: %s: %s",
-                       type(error).__name__, error, exc_info=True)
-
-
-def _written_model_passes(model_proto: onnx.ModelProto, portable: bool = False) -> None:
-    """Passes over the written model that leave it exact whether they run or not, each on its own: the
-    steps of Scans declare no symbolic dimension names (``rewriters.scan.unnamed_step_dims``: tract
-    refuses tf2onnx's own Scans otherwise) and give an output they also read an Identity of its own
-    (``scan_outputs_apart``: tract refuses that too), and a masked layer's outputs are gathered straight into
-    batch-major order (``rewriters.emit.transposed_gathers``, which changes the graph only once it has
-    built the whole rewrite); a ``ReverseSequence`` of every row's whole length becomes a ``Slice`` with
-    step -1 (``rewriters.emit.full_reversal``: tract and onnx2torch lack the op); in the ``portable`` form,
-    other ``ReverseSequence`` nodes become element gathers (``rewriters.emit.gathered_reversal``); a float16
-    ``MatMul`` of a time-major swap becomes the swap of the ``MatMul`` (``rewriters.emit.half_matmuls``: onnxruntime
-    1.23-1.32 ends the process loading the former). A failure leaves what that pass would have changed,
-    and says so."""
-    try:
-        from .rewriters.emit.full_reversal import full_reversals_as_slices
-        from .rewriters.emit.gathered_reversal import reverse_sequences_as_gathers
-        from .rewriters.emit.half_matmuls import swap_half_matmuls
-        from .rewriters.emit.if_branches import lean_branches
-        from .rewriters.emit.transposed_gathers import fold_transposed_gathers
-        from .rewriters.scan import scan_outputs_apart, unnamed_step_dims
+        from .rewriters.written.passes import Form, after_conversion
     except Exception as error:  # noqa: BLE001 - the model stays as written, exact
         logger.warning("the written model stays as tf2onnx wrote it: internal error importing its passes: %s: %s",
                        type(error).__name__, error, exc_info=True)
         return
-    passes = [(unnamed_step_dims, "a Scan's step keeps its dimension names"),
-              (scan_outputs_apart, "a Scan's output its step also reads stays one tensor (tract refuses it)"),
-              (full_reversals_as_slices, "a ReverseSequence of every row's whole length stays"),
-              (fold_transposed_gathers, "the outputs' transposes stay"),
-              (lean_branches, "what only one branch of a mask's If reads stays outside it"),
-              (swap_half_matmuls, "a float16 MatMul of a swap of axes 0 and 1 stays (onnxruntime 1.23-1.32 "
-                                  "ends the process loading it)")]
-    if portable:
-        passes.append((reverse_sequences_as_gathers, "ReverseSequence nodes stay"))
-    for run, stays in passes:
-        try:
-            run(model_proto)
-        except Exception as error:  # noqa: BLE001 - the model stays exact
-            logger.warning("%s: internal error: %s: %s", stays, type(error).__name__, error, exc_info=True)
+    after_conversion(model_proto, findings, Form(portable=options.portable, streaming=bool(options.streaming),
+                                                 state_defaults=options.defaults_states, target=bool(options.runtime)))
 
 
-def _half_matmuls_swapped(model_proto: onnx.ModelProto) -> None:
-    """``rewriters.emit.half_matmuls`` over a model lowered for a runtime (its check runs it in onnxruntime)."""
-    from .rewriters.emit.half_matmuls import swap_half_matmuls
+def _after_lowering(model_proto: onnx.ModelProto) -> None:
+    """The passes that follow a lowering (its Scans project their inputs as the steps did not)."""
+    from .rewriters.written.passes import AFTER_LOWERING, run
 
-    try:
-        swap_half_matmuls(model_proto)
-    except Exception as error:  # noqa: BLE001 - the model stays exact; onnxruntime's check runs in a child
-        logger.warning("a float16 MatMul of a swap of axes 0 and 1 stays: internal error: %s: %s",
-                       type(error).__name__, error, exc_info=True)
+    run(model_proto, AFTER_LOWERING)
 
 
 def _check_fused_ops(frozen: Frozen, findings: Findings) -> None:

@@ -32,8 +32,8 @@ def step(x, states: dict, weights: dict, activations, attributes: dict) -> dict:
     return {StateRole.HIDDEN: (1 - z) * candidate + z * h}
 
 
-KIND = CellKind(keras_name="GRU", onnx_op="GRU", scope_hint="gru", state_roles=(StateRole.HIDDEN,),
-                default_activations=("Sigmoid", "Tanh"), step=step, tf2onnx_contexts=("gru_rewriter_context",))
+KIND = CellKind(keras_name="GRU", onnx_op="GRU", scope_hint="gru", state_roles=(StateRole.HIDDEN,), step=step,
+                tf2onnx_contexts=("gru_rewriter_context",))
 
 
 def match(view: BodyView, skeleton: Skeleton) -> BodyMatch:

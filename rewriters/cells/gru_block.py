@@ -12,7 +12,7 @@ from . import gru
 from .body import BodyView
 
 KIND = CellKind(keras_name="GRUBlockCell", onnx_op="GRU", scope_hint="gru_block_cell", state_roles=(StateRole.HIDDEN,),
-                default_activations=("Sigmoid", "Tanh"), step=gru.step, form_of="GRU")
+                step=gru.step, form_of="GRU")
 
 _OP = "GRUBlockCell"
 _X, _H, _W_RU, _W_C, _B_RU, _B_C = range(6)  # the op's inputs

@@ -28,7 +28,7 @@ def step(x, states: dict, weights: dict, activations, attributes: dict) -> dict:
 
 
 KIND = CellKind(keras_name="LSTM", onnx_op="LSTM", scope_hint="lstm", state_roles=(StateRole.HIDDEN, StateRole.CELL),
-                default_activations=("Sigmoid", "Tanh", "Tanh"), step=step,
+                step=step,
                 tf2onnx_contexts=("lstm_rewriter_context",))
 
 

@@ -16,7 +16,7 @@ from . import lstm
 from .body import BodyView
 
 KIND = CellKind(keras_name="LSTMBlockCell", onnx_op="LSTM", scope_hint="lstm_block_cell",
-                state_roles=(StateRole.HIDDEN, StateRole.CELL), default_activations=("Sigmoid", "Tanh", "Tanh"),
+                state_roles=(StateRole.HIDDEN, StateRole.CELL),
                 step=lstm.step, form_of="LSTM")
 
 _OP = "LSTMBlockCell"

@@ -18,7 +18,7 @@ def step(x, states: dict, weights: dict, activations, attributes: dict) -> dict:
 
 
 KIND = CellKind(keras_name="SimpleRNN", onnx_op="RNN", scope_hint="simple_rnn", state_roles=(StateRole.HIDDEN,),
-                default_activations=("Tanh",), step=step)
+                step=step)
 
 
 def match(view: BodyView, skeleton: Skeleton) -> BodyMatch:
