@@ -10,7 +10,7 @@ runtime's name.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import numpy as np
 import onnx
@@ -37,15 +37,24 @@ from .written.graph import attribute, constant_values, nodes_of, readers_of, slo
 _COMPACTION = frozenset({"ScatterND", "GatherND", "CumSum"})  # the portable form's mask: compaction and restore
 
 
-def masked_own_step(row: Optional[Runtime]) -> str:
-    """Why a masked layer is written as its own step for ``row``'s runtime ("" where a native node's mask
-    runs there): the runtime lacks ops the mask's compaction around a native node needs."""
+class OwnStep(NamedTuple):
+    """Whether a runtime's masked layers are each written as their own step, the mask applied at each step,
+    rather than as a native node with the mask around it; and why (the report's reason, "" where not)."""
+
+    needed: bool
+    why: str = ""
+
+
+def masked_own_step(row: Optional[Runtime]) -> OwnStep:
+    """Whether a masked layer is written as its own step for ``row``'s runtime (not where a native node's mask
+    runs there, nor without a runtime), and why: the runtime lacks ops the mask's compaction around a native
+    node needs."""
     missing = sorted(row.lacks & _COMPACTION) if row is not None else []
     missing += ["the mask's bool ops"] if row is not None and row.lacks & MASK_BOOLS else []
     if not missing:
-        return ""
-    return (f"{row.name} has no {', '.join(missing)}, which a native node's mask needs: the masked layer is its "
-            "own step, the mask applied at each step")
+        return OwnStep(False)
+    return OwnStep(True, f"{row.name} has no {', '.join(missing)}, which a native node's mask needs: the masked "
+                         "layer is its own step, the mask applied at each step")
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,10 @@ class Outcome:
     unrolled: int = 0  # an unrolled layer (no loop; ``loop`` names its Unpack): its number of steps
     form: str = ""  # how the recurrence is computed when not by ``became``'s native node alone (target onnxruntime)
     own_step: bool = False  # no native node: the loop written as a Scan of its own step (``became`` is SCAN)
+    # a masked layer refused as a native node because a runtime target's runtime lacks the mask's ops around one
+    # (``reason`` says so): its own step, the mask applied at each step. The conversion's flag, read while lowering
+    # for that runtime: not stored in the model's report, nor compared
+    masked_own_step: bool = field(default=False, compare=False)
 
 
 @dataclass(frozen=True)

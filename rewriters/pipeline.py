@@ -48,21 +48,22 @@ def _describe(error: Exception) -> str:
 def make_rewriter(findings: Findings, layer_of: Optional[Callable[[str], Optional[str]]] = None, *,
                   portable: bool = False, post_padded: bool = False, streaming: bool = False,
                   training: bool = False, onnxruntime: bool = False, fused_ops: Optional[dict] = None,
-                  allowed: Approximations = Approximations(),
-                  masked_own_step: str = "") -> Optional["RecurrentRewriter"]:
+                  allowed: Approximations = Approximations(), masked_own_step: bool = False,
+                  own_step_reason: str = "") -> Optional["RecurrentRewriter"]:
     """The rewriter for one conversion, with its variants chosen once: how masked layers are emitted
     (:func:`.mask_forms.select_masks` from ``portable``, ``post_padded`` and ``training``) and how states meet the
     model (:func:`.states.select_states` from ``streaming`` and ``portable``), and what computes a recurrence
     (:func:`.kernels.select_kernels` from ``onnxruntime``). ``fused_ops``: a TFLite file's fused
-    recurrent ops, node name -> its :class:`.description.FusedLayout`. ``masked_own_step``: why masked layers
-    are written as their own step (a runtime without the ops of a native node's mask). None when it cannot
+    recurrent ops, node name -> its :class:`.description.FusedLayout`. ``masked_own_step``: whether masked layers
+    are written as their own step (a runtime without the ops of a native node's mask), ``own_step_reason`` why
+    (their rows' reason, each row flagged ``masked_own_step``). None when it cannot
     even be built (an internal error, noted in ``findings.setup_error`` so that every recurrent loop's row
     can say so)."""
     try:
-        return RecurrentRewriter(Rows(findings), layer_of, select_masks(portable, post_padded, training,
-                                                                        masked_own_step),
+        own_step = own_step_reason if masked_own_step else ""
+        return RecurrentRewriter(Rows(findings), layer_of, select_masks(portable, post_padded, training, own_step),
                                  select_states(streaming, portable and not training), fused_ops, allowed,
-                                 select_kernels(onnxruntime))
+                                 select_kernels(onnxruntime), masked_own_step=masked_own_step)
     except Exception as error:  # noqa: BLE001 - the conversion goes on without fusing
         findings.setup_error = f"internal error while setting up the rewriter: {_describe(error)}"
         logger.warning("recurrent layers stay Loops: %s", findings.setup_error, exc_info=True)
@@ -74,9 +75,11 @@ class RecurrentRewriter:
 
     def __init__(self, rows: Rows, layer_of: Optional[Callable[[str], Optional[str]]] = None,
                  masks: Masks = Masks(), states: StateWiring = MODEL_STATES, fused_ops: Optional[dict] = None,
-                 allowed: Approximations = Approximations(), kernels: NativeNodes = NATIVE):
+                 allowed: Approximations = Approximations(), kernels: NativeNodes = NATIVE,
+                 masked_own_step: bool = False):
         self.findings = rows.findings
         self.kernels = kernels
+        self.masked_own_step = masked_own_step  # a masked layer is its own step (``masks`` says why), no native node
         self.rows = rows
         self.fused_ops, self.allowed = dict(fused_ops or {}), allowed
         self.masks, self.states = masks, states
@@ -351,8 +354,12 @@ class RecurrentRewriter:
         try:
             emitted = emit(graph, layer, context)
         except NoMatch as no_match:
+            recorded = len(self.findings.outcomes)
             for pass_ in layer.passes:
                 self.rows.kept(LoopId.of_pass(pass_), no_match.reason, no_match.node)
+            if layer.masked and self.masked_own_step:  # the emitter's refusal of a masked layer: its own step
+                self.findings.outcomes[recorded:] = [replace(o, masked_own_step=True)
+                                                     for o in self.findings.outcomes[recorded:]]
             return
         if first.stacked:
             self.rows.stack_cell(first, emitted)

@@ -28,7 +28,6 @@ from .output import LARGE_MODEL_KEY, check_output_path, save_model
 from .probes import check_loadable, fits_in_protobuf, stamp_ir_version
 from .reconcile import reconcile, recurrent_loops, unrolled_layers
 from .report import LOOP, SCAN, STEPS, ConversionReport
-from .rewriters.runtimes import BY_KEY
 from .runtime_check import verify_in_runtime
 from .shape_check import check_output_shapes
 from .sources import Frozen, Source
@@ -267,8 +266,7 @@ def convert(frozen: Frozen, options: Options) -> Conversion:
         check_lowered(report, frozen.lowered)
     if options.runtime:  # the form that runtime computes, lowered as far as its row of the table needs
         report = lower_for_runtime(model_proto, options.runtime, report)
-    consumers = consumers_of(model_proto, BY_KEY[options.runtime] if options.runtime else None,
-                             any(o.became == STEPS for o in report.outcomes))
+    consumers = consumers_of(model_proto, options.runtime, any(o.became == STEPS for o in report.outcomes))
     report.consumers, report.runs_in, report.runtime_notes = consumers.lines, consumers.runs_in, consumers.notes
     stamp_ir_version(model_proto)
     report.attach(model_proto)

@@ -24,7 +24,7 @@ from typing import Optional, Sequence
 
 from . import api, sources, training
 from .errors import ConversionError, first_line
-from .options import Options, check_tolerance
+from .options import RUNTIME_TARGETS, Options, check_tolerance
 from .output import check_output_path, save_model
 from .shape_check import ShapeCheckFailed
 from .sources.keras_file import use_tensorflow_backend
@@ -122,8 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="tf2onnx's workarounds for a runtime (comma-separated), and portable: masked "
                              "recurrent layers without a computed sequence_lens, for runtimes that take it only "
                              "as a constant (tract), training: the form onnxruntime's training API takes, and "
-                             "onnxruntime: SimpleRNN as an input MatMul and a Scan, its fastest form there; iree, "
-                             "tvm, ncnn, rknn: the form that runtime computes (fixed shapes: give --inputs)")
+                             "onnxruntime: SimpleRNN as an input MatMul and a Scan, its fastest form there; "
+                             f"{', '.join(RUNTIME_TARGETS)}: the form that runtime computes (fixed shapes: give "
+                             "--inputs)")
     parser.add_argument("--large_model", "--large-model", dest="large_model", action="store_true",
                         help="write the weights beside the model (FILE.data): for models over 2 GB")
     parser.add_argument("--continue_on_error", "--continue-on-error", dest="continue_on_error",

@@ -18,13 +18,14 @@ import onnx
 
 from .errors import ConversionError, param
 from .probes import check_opset
+from .rewriters.runtimes import BY_KEY, RUNTIMES, Runtime
 
 PORTABLE = "portable"  # this package's own target: masked layers without a computed sequence_lens
 TRAINING = "training"  # and its form for onnxruntime's training API (see tf2onnx_rnn.training)
 ONNXRUNTIME = "onnxruntime"  # and onnxruntime's fastest form: SimpleRNN as input MatMul + Scan
-# and one per runtime of rewriters.runtimes' table that needs a form of its own: the portable form, lowered
-# for that runtime as far as its row needs (rewriters.written.lower), with fixed shapes
-RUNTIME_TARGETS = ("iree", "tvm", "ncnn", "rknn")
+# and one per runtime of rewriters.runtimes' table that needs a form of its own (its row's target is its own key):
+# the portable form, lowered for that runtime as far as its row needs (rewriters.written.lower), with fixed shapes
+RUNTIME_TARGETS = tuple(row.key for row in RUNTIMES if row.target == row.key)
 OWN_TARGETS = (PORTABLE, TRAINING, ONNXRUNTIME) + RUNTIME_TARGETS
 
 
@@ -39,7 +40,7 @@ class Options:
     portable: bool = False  # masked layers without a computed sequence_lens (target "portable")
     training: bool = False  # the form onnxruntime's training API takes (target "training")
     onnxruntime: bool = False  # SimpleRNN as input MatMul + Scan, faster in onnxruntime (target "onnxruntime")
-    runtime: Optional[str] = None  # the runtime target (RUNTIME_TARGETS): the form that runtime computes
+    runtime: Optional[Runtime] = None  # the runtime target's row (RUNTIME_TARGETS): the form that runtime computes
     streaming: Optional[bool] = None  # recurrent states in and out of the model; None: for stateful models
     # streamed state inputs of a fixed batch default to the source's start (initializers); None: unless the
     # target is portable (OpenVINO and tract read an input with an initializer as that constant)
@@ -99,7 +100,7 @@ class Options:
         given["inputs"] = input_shapes(given.get("inputs"))
         given["custom_rewriter"] = tuple(given.get("custom_rewriter", ()))
         return cls(target=tuple(t for t in targets if t not in OWN_TARGETS),
-                   portable=PORTABLE in targets or bool(runtimes), runtime=runtimes[0] if runtimes else None,
+                   portable=PORTABLE in targets or bool(runtimes), runtime=BY_KEY[runtimes[0]] if runtimes else None,
                    training=TRAINING in targets, onnxruntime=ONNXRUNTIME in targets, **given)
 
     def tf2onnx_options(self) -> dict:

@@ -127,7 +127,7 @@ class ConversionReport:
         return notes
 
     def to_json(self) -> str:
-        return json.dumps({"loops": [asdict(o) for o in self.outcomes], "summary": self.summary(),
+        return json.dumps({"loops": [_stored(o) for o in self.outcomes], "summary": self.summary(),
                            "checked": self.checked, "nchw_inputs": list(self.nchw_inputs),
                            "nchw_outputs": list(self.nchw_outputs), "dimensions": self.dimensions,
                            "consumers": list(self.consumers), "runs_in": list(self.runs_in),
@@ -158,3 +158,10 @@ class ConversionReport:
             if prop.key == METADATA_KEY:
                 return cls.from_json(prop.value)
         return None
+
+
+def _stored(outcome: Outcome) -> dict:
+    """A row as the model's report stores it: its fields, but the conversion's own flag (``masked_own_step``)."""
+    stored = asdict(outcome)
+    del stored["masked_own_step"]
+    return stored

@@ -28,7 +28,7 @@ import numpy as np
 import onnx
 
 from . import runtime_runs
-from .rewriters.runtimes import BY_KEY, Runtime
+from .rewriters.runtimes import Runtime
 
 _Output = namedtuple("_Output", "name")
 TIMEOUT = 1800  # seconds a runtime may take to compile and run one round
@@ -148,12 +148,11 @@ class _Runner:
         return RuntimeSession(model_proto, self.row, self.python, self.work)
 
 
-def verify_in_runtime(checked, model_proto: onnx.ModelProto, target: str, tolerance: float) -> tuple:
-    """(the verification of ``model_proto`` in ``target``'s runtime against ``checked``'s source, or None,
-    one line saying what ran it or why it did not run)."""
+def verify_in_runtime(checked, model_proto: onnx.ModelProto, row: Runtime, tolerance: float) -> tuple:
+    """(the verification of ``model_proto`` in the runtime of ``row`` (its row of the runtimes' table) against
+    ``checked``'s source, or None, one line saying what ran it or why it did not run)."""
     from .comparison import RUNNER
 
-    row = BY_KEY[target]
     python = python_for(row)
     if python is None:
         return None, (f"{row.name} is not installed here ({row.package}; see docs/downstream.md): "

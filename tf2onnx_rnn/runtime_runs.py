@@ -248,8 +248,11 @@ def prepare_reference(path: str, feeds: dict, work: str):
     return run
 
 
-PREPARERS = {"iree": prepare_iree, "tvm": prepare_tvm, "ncnn": prepare_ncnn, "rknn": prepare_rknn,
-             "openvino": prepare_openvino, "tract": prepare_tract, "reference": prepare_reference}
+_PREPARE = "prepare_"
+# runtime key -> its preparer: the one named after the key of its row of rewriters.runtimes' table (prepare_<key>),
+# the key its caller (runtime_check) passes; this script imports nothing of the package, the table included
+PREPARERS = {name[len(_PREPARE):]: prepare for name, prepare in list(globals().items())
+             if name.startswith(_PREPARE) and callable(prepare)}
 
 
 def timings(runtime: str, paths: list, feeds: dict, rounds: int, work: str) -> dict:

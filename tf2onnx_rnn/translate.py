@@ -20,7 +20,7 @@ from .lean_tf2onnx import lean_passes, shared_parents
 from .options import Options
 from .probes import default_opset
 from .rewriters.outcome import LOOP, SCAN, STEPS, Findings
-from .rewriters.runtimes import BY_KEY
+from .rewriters.runtimes import Runtime
 from .sources import Frozen, placeholder_shapes, resolve_names
 
 logger = logging.getLogger("tf2onnx_rnn")
@@ -45,7 +45,7 @@ def to_onnx(frozen: Frozen, options: Options) -> tuple:
     kwargs, nchw = _tf2onnx_arguments(frozen, options)
     import tensorflow as tf
 
-    row = BY_KEY[options.runtime] if options.runtime else None  # what the handlers must not write for it
+    row = options.runtime  # what the handlers must not write for it
     lacks = (row.lacks | (frozenset() if row.float64 else {"float64"})) if row else frozenset()
     with tf.device("/cpu:0"), handlers.lacking(lacks):
         try:
@@ -67,16 +67,17 @@ def to_onnx(frozen: Frozen, options: Options) -> tuple:
     return model_proto, nchw, findings
 
 
-def lower_for_runtime(model_proto: onnx.ModelProto, target: str, report):
-    """The written model lowered for the runtime of ``target`` (``rewriters.written.lower``: each layer only as far
-    as that runtime's row of ``rewriters.runtimes`` needs), and ``report`` saying how each layer is computed
-    there; its inputs must have fixed shapes, and what the runtime still cannot compute is a
-    :class:`ConversionError` naming the runtime, the layer and why."""
+def lower_for_runtime(model_proto: onnx.ModelProto, row: Runtime, report):
+    """The written model lowered for the runtime of ``row`` (its row of ``rewriters.runtimes``, whose key is
+    the target; ``rewriters.written.lower``: each layer only as far as that row needs), and ``report`` saying how each
+    layer is computed there; its inputs must have fixed shapes where the runtime compiles fixed shapes only,
+    and what the runtime still cannot compute is a :class:`ConversionError` naming the runtime, the layer
+    and why."""
     from .rewriters.obstacles import batched_input
 
-    row = BY_KEY[target]
+    target = row.key
     constants = {t.name for t in model_proto.graph.initializer}
-    dynamic = [i for i in model_proto.graph.input if i.name not in constants
+    dynamic = [i for i in model_proto.graph.input if row.static_shapes and i.name not in constants
                and not all(d.HasField("dim_value") for d in i.type.tensor_type.shape.dim)]
     if dynamic:
         shape = ",".join(str(d.dim_value) if d.HasField("dim_value") else "?"
@@ -91,7 +92,7 @@ def lower_for_runtime(model_proto: onnx.ModelProto, target: str, report):
                               f"{batched.name} is {dims}: give it batch size 1 with {param('inputs')} (for example "
                               f"\"{batched.name}[{','.join(['1'] + [str(d) for d in dims[1:]])}]\")")
     try:
-        lowered = _lowered(model_proto, target, row, report)
+        lowered = _lowered(model_proto, row, report)
     except ConversionError:
         raise
     except Exception as error:  # noqa: BLE001 - nothing is written: the runtime would not compute the model
@@ -118,13 +119,13 @@ def lower_for_runtime(model_proto: onnx.ModelProto, target: str, report):
     return report
 
 
-def _lowered(model_proto: onnx.ModelProto, target: str, row, report):
+def _lowered(model_proto: onnx.ModelProto, row: Runtime, report):
     """``model_proto`` lowered for ``row``'s runtime, or the :class:`ConversionError` saying what it cannot
     compute (and why a layer is not in the form the runtime's target writes, where the report says)."""
-    from .rewriters.obstacles import masked_own_step
     from .rewriters.written.lower import lower_for
 
-    masked = [o for o in report.outcomes if o.mask or (o.reason and o.reason == masked_own_step(row))]
+    target = row.key
+    masked = [o for o in report.outcomes if o.mask or o.masked_own_step]  # a masked layer, native or its own step
     if row.masks and masked:
         raise ConversionError(f"{param('target')} {target}: {row.name} cannot compute {masked[0].layer}: {row.masks}")
     lowered = lower_for(model_proto, row)
@@ -180,11 +181,12 @@ def _rewriter(frozen: Frozen, options: Options) -> tuple:
         from .rewriters.pipeline import make_rewriter  # imported late: it imports tf2onnx, hence TensorFlow
 
         findings = Findings()
+        own_step = masked_own_step(options.runtime)  # whether masked layers are their own step there, and why
         return make_rewriter(findings, frozen.layer_names, portable=options.portable,
                              post_padded=options.assume_post_padded, streaming=bool(options.streaming),
                              training=options.training, onnxruntime=options.onnxruntime,
                              fused_ops=frozen.fused_ops, allowed=frozen.allowed,
-                             masked_own_step=masked_own_step(BY_KEY.get(options.runtime))), findings
+                             masked_own_step=own_step.needed, own_step_reason=own_step.why), findings
     except Exception as error:  # noqa: BLE001 - the conversion goes on without fusing, exact
         why = f"internal error while setting up the rewriter: {type(error).__name__}: {error}"
         logger.warning("recurrent layers stay Loops: %s", why)
