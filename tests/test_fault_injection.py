@@ -431,7 +431,7 @@ RUN_ONLY_WITH = {
     ("scan.constants", ""): {"model": "scan", "opset": 17},
     ("scan.lifting", ""): {"model": "scan", "opset": 17},
     ("scan.regrouping", ""): {"model": "scan", "opset": 17},
-    ("scan.graph_index", ""): {"model": "scan", "opset": 17},
+    ("written.scope", ""): {"model": "scan", "opset": 17},
     ("scan.lengths", ""): {"model": "scan", "opset": 17},
     ("scan.loop_reading", ""): {"model": "scan", "opset": 17},
     ("scan.hoisting", ""): {"model": "scan", "opset": 17},
@@ -440,11 +440,11 @@ RUN_ONLY_WITH = {
     ("scan.normalisation", ""): {"model": "scan", "opset": 17},
     ("scan.siblings", ""): {"model": "conv"},
     ("scan.layouts", ""): {"model": "conv"},
-    ("emit.full_reversal", ""): {"model": "conv"},
+    ("written.full_reversal", ""): {"model": "conv"},
     ("emit.kernels", ""): {"target": "onnxruntime"},  # what builds a recurrence otherwise than as its node
     ("emit.mask_forms", "PortableMask"): {"target": "portable"},
     ("emit.scattered_mask", ""): {"target": "portable"},
-    ("emit.gathered_reversal", ""): {"target": "portable"},
+    ("written.gathered_reversal", ""): {"target": "portable"},
     ("emit.states", "ExplicitZeroStates"): {"target": "portable"},
     ("emit.states", "_zero_states"): {"target": "portable"},
     # cuDNN's ops: each target is tested with each model that holds them
@@ -455,8 +455,8 @@ RUN_ONLY_WITH = {
     ("readers.cudnn_params", ""): {"models": CUDNN_MODELS},
     # the lowering for a runtime target: each target with each runtime's model
     **{(module, ""): {"models": RUNTIME_MODELS} for module in (
-        "lower", "lower.build", "lower.fold", "lower.forward", "lower.steps", "lower.scan_steps",
-        "lower.float_masks", "lower.ladder", "lower.op_rungs", "lower.per_step")},
+        "lower", "written.builder", "lower.fold", "lower.forward", "lower.steps", "lower.scan_steps",
+        "lower.float_masks", "lower.ladder", "lower.op_rungs", "lower.rungs", "lower.per_step")},
     ("obstacles", "masked_own_step"): {"models": RUNTIME_MODELS},
 }
 

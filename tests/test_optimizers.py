@@ -9,7 +9,7 @@ import pytest
 
 import helpers
 import parity
-from tf2onnx_rnn import ConversionError, convert_keras, translate
+from tf2onnx_rnn import ConversionError, convert_keras, tf2onnx_call
 
 
 def _model():
@@ -48,7 +48,7 @@ def _x():
 def test_the_optimized_model_is_the_one_tf2onnx_makes(monkeypatch):
     model = _model()
     ours = convert_keras(model)
-    monkeypatch.setattr(translate, "_optimized", _stock_optimized)
+    monkeypatch.setattr(tf2onnx_call, "_optimized", _stock_optimized)
     stock = convert_keras(model)
     assert helpers.structure(ours) == helpers.structure(stock)
 
@@ -74,8 +74,8 @@ def test_the_lean_steps_make_the_model_tf2onnx_makes(monkeypatch):
     model = _looped_model()
     ours = convert_keras(model)
     assert helpers.op_counts(ours)["Scan"] == 2, helpers.op_counts(ours)
-    monkeypatch.setattr(translate, "_optimized", _stock_optimized)
-    monkeypatch.setattr(translate, "shared_parents", contextlib.nullcontext)
+    monkeypatch.setattr(tf2onnx_call, "_optimized", _stock_optimized)
+    monkeypatch.setattr(tf2onnx_call, "shared_parents", contextlib.nullcontext)
     stock = convert_keras(model)
     assert helpers.structure(ours) == helpers.structure(stock)
     x = _x()
@@ -101,7 +101,7 @@ def test_a_failing_optimizer_is_skipped_and_its_half_done_work_undone(caplog):
 
 @pytest.mark.parametrize("value", ["FALSE", "false"])
 def test_catch_errors_false_raises_the_optimizers_failure(monkeypatch, value):
-    monkeypatch.setenv(translate.CATCH_ERRORS, value)
+    monkeypatch.setenv(tf2onnx_call.CATCH_ERRORS, value)
     with pytest.raises(ConversionError, match="this optimizer breaks"):
         convert_keras(_model(), optimizers={"breaking": _breaking_optimizer()})
 
@@ -158,7 +158,7 @@ def test_optimizers_that_never_settle_stop_the_conversion_in_one_line(monkeypatc
 
     from tf2onnx_rnn import lean_tf2onnx
 
-    monkeypatch.setenv(translate.CATCH_ERRORS, value)
+    monkeypatch.setenv(tf2onnx_call.CATCH_ERRORS, value)
     rounds = []
     restless = _restless_optimizer()
 

@@ -23,6 +23,7 @@ from .cudnn_reference import checked_source
 from .dim_names import name_dimensions
 from .errors import ConversionError, VerificationError, first_line, param, raised_by_library
 from .isolation import check_survives
+from .lowering import lower_for_runtime
 from .options import Options, check_tolerance
 from .output import LARGE_MODEL_KEY, check_output_path, save_model
 from .probes import check_loadable, fits_in_protobuf, stamp_ir_version
@@ -37,7 +38,7 @@ from .sources.saved_model import SavedModel
 from .sources.tflite import TFLite
 from .sources.time_distributed import refuse_mistraced
 from .training import training_form
-from .translate import lower_for_runtime, to_onnx
+from .translate import to_onnx
 
 logger = logging.getLogger("tf2onnx_rnn")
 

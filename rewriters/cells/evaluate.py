@@ -25,6 +25,12 @@ class NotEvaluable(Exception):
         self.node_name = node_name
 
 
+def attr(node, key: str, default=None):
+    """A tf2onnx node's attribute ``key`` (strings decoded), or ``default``: the readers' one attribute reader."""
+    value = node.get_attr_value(key, default)
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def _sigmoid(x):
     return 1.0 / (1.0 + np.exp(-x))
 

@@ -24,10 +24,11 @@ What is read (:mod:`.cudnn_params` holds the modes and the weights' layout):
 """
 from __future__ import annotations
 
+from ..cells.evaluate import attr
 from ..description import CellKind, Direction, MaskedOutput, Pass, Wiring, require
 from ..outcome import KerasMaskReading
 from .adapt import per_row_reversal
-from .cudnn_op import OPS, CudnnOp, X, attr, read_op
+from .cudnn_op import OPS, CudnnOp, X, read_op
 from .cudnn_outputs import Outputs
 from .cudnn_params import MODES, decode
 from .cudnn_rows import Full, KerasMask, mask_wiring, rows_of, same_lengths, transposed

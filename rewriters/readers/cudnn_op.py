@@ -17,18 +17,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..cells.evaluate import NotEvaluable, evaluate
+from ..cells.evaluate import NotEvaluable, attr, evaluate
 from ..description import NoMatch, require
 from .cudnn_params import MODES, Layout, Mode, solve_features, solve_hidden
 
 OPS = ("CudnnRNN", "CudnnRNNV2", "CudnnRNNV3")
 X, H, C, PARAMS, LENGTHS = range(5)  # the op's inputs
 Y, H_OUT, C_OUT = range(3)  # its outputs read
-
-
-def attr(node, key: str, default=None):
-    value = node.get_attr_value(key, default)
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def mode_of(node) -> Mode:

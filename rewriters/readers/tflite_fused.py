@@ -29,7 +29,7 @@ from typing import Optional
 import numpy as np
 import onnx
 
-from ..cells.evaluate import NotEvaluable, evaluate
+from ..cells.evaluate import NotEvaluable, attr, evaluate
 from ..description import (
     Activation,
     Approximations,
@@ -126,10 +126,10 @@ def fused_passes(graph, node, layout: Optional[FusedLayout], name: str,
     inputs = dict(zip(layout.positions, node.input))
     require(op.aux_input not in inputs, f"{op.what} takes an auxiliary input (ONNX's {op.onnx_op} has none)",
             node.name)
-    activation, bound = _ACTIVATIONS.get(str(_attr(node, "fused_activation_function", "TANH")), (None, None))
-    require(activation is not None, f"{op.what}'s activation {_attr(node, 'fused_activation_function')} has no "
+    activation, bound = _ACTIVATIONS.get(str(attr(node, "fused_activation_function", "TANH")), (None, None))
+    require(activation is not None, f"{op.what}'s activation {attr(node, 'fused_activation_function')} has no "
             "ONNX recurrent equivalent", node.name)
-    batch_major = not _attr(node, "time_major", 0)
+    batch_major = not attr(node, "time_major", 0)
     _check_merged_batch(graph, node, op, inputs[_X], batch_major)
     if op.onnx_op == "LSTM":
         _check_clip(graph, node, inputs[_X], batch_major, bound, allowed)
@@ -155,11 +155,6 @@ def fused_passes(graph, node, layout: Optional[FusedLayout], name: str,
                            **weights[index]))
     _merge_outputs(graph, node, passes)
     return passes
-
-
-def _attr(node, key: str, default=None):
-    value = node.get_attr_value(key, default)
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def _check_half(graph, op: FusedOp, half: _Half, inputs: dict, where: str) -> None:
@@ -218,8 +213,8 @@ def _check_merged_batch(graph, node, op: FusedOp, x: str, batch_major: bool) -> 
 
 def _check_clip(graph, node, x: str, batch_major: bool, bound: Optional[float], allowed: Approximations) -> None:
     """A cell clip is exact to leave out where it can never act (see the module's note)."""
-    clip = float(_attr(node, "cell_clip", 0.0) or 0.0)
-    require(float(_attr(node, "proj_clip", 0.0) or 0.0) == 0.0, "the fused LSTM clips a projection", node.name)
+    clip = float(attr(node, "cell_clip", 0.0) or 0.0)
+    require(float(attr(node, "proj_clip", 0.0) or 0.0) == 0.0, "the fused LSTM clips a projection", node.name)
     if clip <= 0 or allowed.drop_cell_clip:
         return
     shape = graph.get_shape(x) or []
