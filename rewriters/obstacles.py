@@ -217,6 +217,9 @@ def _recurrent(node, row: Runtime, constants: dict, readers: dict, name: str) ->
     if row.y_read_squeezed and direction == BIDIRECTIONAL and not _merged(node, readers, constants):
         found.append(Obstacle(name, f"maps a bidirectional {op} only when its Y alone is read, by a Transpose(0, 2, "
                                     "1, 3) and a Reshape to [T, B, 2H]", kind=Kind.Y_H))
+    if not row.transposes_shared_y and shared_y_transposes(node, readers, constants):
+        found.append(Obstacle(name, f"computes a Transpose of {op}'s squeezed Y wrongly where another recurrent node "
+                                    "reads that Y too", True, Kind.Y_H))
     if not row.given_states and any(slot(node.input, s) for s in (INITIAL_H, INITIAL_C)):
         found.append(Obstacle(name, f"maps {op} only without initial states", kind=Kind.GIVEN_STATES))
     if op in row.initial_states_needed and not slot(node.input, INITIAL_H):
@@ -262,6 +265,28 @@ def _squeezed(y: str, readers: dict, constants: dict) -> bool:
     """A recurrent node's Y read once, by a Squeeze of axis 1 (its axes given as an attribute or a constant)."""
     found = readers.get(y, []) if y else []
     return len(found) == 1 and squeezes_axis_1(found[0], constants)
+
+
+def shared_y_transposes(node: onnx.NodeProto, readers: dict, constants: dict) -> list:
+    """(the Squeeze, the Transpose, the Transposes back) reading a one-direction recurrent node's Y batch-major, as
+    Transpose(1, 0, 2) of its Squeeze of axis 1, where a recurrent node reads that Squeeze too: directly, or
+    through the batch-major Transpose and a Transpose(1, 0, 2) back (listed third)."""
+    if attribute(node, "direction", FORWARD) == BIDIRECTIONAL or not slot(node.output, Y):
+        return []
+    found = []
+    for squeeze in [r for r in readers.get(node.output[Y], []) if squeezes_axis_1(r, constants)]:
+        after = [r for r in readers.get(squeeze.output[0], []) if r is not None]
+        for swap in [r for r in after if _swaps_0_1(r)]:
+            back = [r for r in readers.get(swap.output[0], []) if _swaps_0_1(r)]
+            recurrent = any(r.op_type in RECURRENT_OPS for r in after) or any(
+                r is not None and r.op_type in RECURRENT_OPS for b in back for r in readers.get(b.output[0], []))
+            if recurrent:
+                found.append((squeeze, swap, back))
+    return found
+
+
+def _swaps_0_1(node: Optional[onnx.NodeProto]) -> bool:
+    return node is not None and node.op_type == "Transpose" and list(attribute(node, "perm", [])) == [1, 0, 2]
 
 
 def _merged(node: onnx.NodeProto, readers: dict, constants: dict) -> bool:

@@ -132,6 +132,9 @@ class Runtime:
     # a recurrent node is mapped only where its Y alone is read, squeezed (ncnn): a forward node's by one Squeeze of
     # axis 1, a bidirectional node's by one Transpose(0, 2, 1, 3) and one Reshape to [T, B, 2H]
     y_read_squeezed: bool = False
+    # computes a Transpose(1, 0, 2) of a recurrent node's squeezed Y that another recurrent node reads too (a stack
+    # whose first layer's sequence is also read batch-major: a skip connection)
+    transposes_shared_y: bool = True
     tolerance: float = 1e-4  # relative error its arithmetic allows against the source (float16: more)
     # the nodes of a model of steps written out it compiles in about a minute (measured: benchmarks/long_sequences.py;
     # more take longer than linearly); 0: not measured
@@ -154,11 +157,13 @@ RUNTIMES = (
     Runtime("openvino", "OpenVINO 2026.4", "portable", target_removes=_PORTABLE_REMOVES, sequence_lens="ignored",
             peepholes="wrong", activations={op: Activations(_KERNEL, silent=False, per_direction=False)
                                             for op in RECURRENT_OPS},
+            transposes_shared_y=False,
             package="openvino", measured="ignores a computed sequence_lens under dynamic shapes; reads LSTM's P "
                                          "otherwise than ONNX (0.05 off); a recurrent node's activations other than "
                                          "Sigmoid, Tanh and Relu refused ('Unsupported activation function', 'Unknown "
                                          "activation function'), and a bidirectional node computed with the forward "
-                                         "direction's, silently (156 single-node probes)"),
+                                         "direction's, silently (156 single-node probes); a Transpose(1, 0, 2) of "
+                                         "a squeezed Y another recurrent node reads too, 1.0 off (hand-built graphs)"),
     Runtime("tract", "tract 0.23", "portable", target_removes=_PORTABLE_REMOVES,
             recurrent={op: frozenset({FORWARD, BIDIRECTIONAL}) for op in RECURRENT_OPS}, reverse_runs_forward=True,
             sequence_lens="constant", all_states_need_initial=frozenset({"LSTM"}),

@@ -1,4 +1,4 @@
-"""The runtime tests' Keras models (21 of them, in both flavors) and their conversions in every form, shared
+"""The runtime tests' Keras models (22 of them, in both flavors) and their conversions in every form, shared
 by the tests that run them (``test_runtime_targets``, ``test_runtime_claims``, the PyTorch claims), once per
 process or, where ``TF2ONNX_RNN_SHARED_MODELS`` names a folder, once per folder."""
 from __future__ import annotations
@@ -70,6 +70,9 @@ def model(K, name: str, seed: int):
     elif name == "softsign_elu":
         h = layers.GRU(UNITS, activation="softsign", return_sequences=True)(x)
         y = layers.SimpleRNN(UNITS, activation="elu", return_sequences=True)(h)
+    elif name == "skip_stack":  # a stack whose first sequence is also read batch-major beside the second's
+        h = layers.LSTM(UNITS, return_sequences=True)(x)
+        y = layers.Concatenate()([x, h, layers.GRU(UNITS, return_sequences=True)(h)])
     model = K.Model(x, list(y) if isinstance(y, (list, tuple)) else y)
     rng = np.random.default_rng(seed)
     for weight in model.weights:
@@ -81,7 +84,7 @@ def model(K, name: str, seed: int):
 MODELS = ("lstm", "gru", "gru_reset_before", "simple_rnn", "go_backwards", "bidirectional_concat",
           "bidirectional_gru_sum", "stack_states", "masked", "masked_bidirectional_gru", "gelu_scan",
           "stacked_cells", "conv_lstm", "bidirectional_mul_ave", "bidirectional_none", "states_returned",
-          "conv_lstm_last", "hard_sigmoid", "bidirectional_hard_sigmoid", "relu_linear", "softsign_elu")
+          "conv_lstm_last", "hard_sigmoid", "bidirectional_hard_sigmoid", "relu_linear", "softsign_elu", "skip_stack")
 MASKED = ("masked", "masked_bidirectional_gru")
 _CONVERTED: dict = {}
 

@@ -1,6 +1,6 @@
 """Every claim of the report's "runs in" line holds: each runtime the report names computes the model there.
 
-The runtime tests' 21 Keras models (``runtime_models.py``), both flavors, in every form the report vouches
+The runtime tests' 22 Keras models (``runtime_models.py``), both flavors, in every form the report vouches
 for: the default and portable forms at a fixed shape and with the model's own signature (a dynamic batch),
 and each runtime target's form. For each runtime the report says computes the model as ONNX defines it
 (``report.runs_in``), the model runs there and must give Keras's outputs within that runtime's tolerance:

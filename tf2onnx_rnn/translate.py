@@ -73,7 +73,7 @@ def _written_model_passes(model_proto: onnx.ModelProto, findings: Findings, opti
                        type(error).__name__, error, exc_info=True)
         return
     after_conversion(model_proto, findings, Form(portable=options.portable, streaming=bool(options.streaming),
-                                                 state_defaults=options.defaults_states, target=bool(options.runtime)))
+                                                 state_defaults=options.defaults_states, row=options.runtime))
 
 
 def _check_fused_ops(frozen: Frozen, findings: Findings) -> None:

@@ -12,18 +12,19 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Optional
 
 import onnx
 
 from ..outcome import SCAN, Findings
-from ..runtimes import RUNTIMES
+from ..runtimes import RUNTIMES, Runtime
 from .full_reversal import full_reversals_as_slices
 from .gathered_reversal import reverse_sequences_as_gathers
 from .half_matmuls import swap_half_matmuls
 from .if_branches import lean_branches
 from .lower.ladder import kernels_as_scans
 from .scan import scan_loops, scan_outputs_apart, unnamed_step_dims
+from .shared_sequences import batch_major_from_4d
 from .transposed_gathers import fold_transposed_gathers
 
 logger = logging.getLogger("tf2onnx_rnn")
@@ -36,7 +37,7 @@ class Form:
     portable: bool = False  # the portable form (or a runtime target's, which starts from it)
     streaming: bool = False  # recurrent states in and out of the model
     state_defaults: bool = True  # streamed state inputs keep their defaults (initializers)
-    target: bool = False  # written for one runtime's target: its lowering follows
+    row: Optional[Runtime] = None  # the runtime whose target's form is written (its lowering follows)
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,10 @@ RULES = (
          "a Scan's output its step also reads stays one tensor (tract refuses it)"),
     Rule("whole reversals as slices", full_reversals_as_slices, "a ReverseSequence of every row's whole length stays"),
     Rule("transposed gathers", fold_transposed_gathers, "the outputs' transposes stay"),
+    Rule("batch-major reads from a shared Y's 4-D form", batch_major_from_4d,
+         "a Transpose of a squeezed Y another recurrent node reads stays (OpenVINO 2026.4 computes it wrongly)",
+         lambda form: "the runtime maps a recurrent node only where its Y alone is read, squeezed"
+         if form.row is not None and form.row.y_read_squeezed else ""),
     Rule("lean mask branches", lean_branches, "what only one branch of a mask's If reads stays outside it"),
     Rule("half MatMuls swapped", swap_half_matmuls,
          "a float16 MatMul of a swap of axes 0 and 1 stays (onnxruntime 1.23-1.32 ends the process loading it)"),
@@ -98,7 +103,7 @@ def after_conversion(model_proto: onnx.ModelProto, findings: Findings, form: For
                        type(error).__name__, error, exc_info=True)
     if not form.state_defaults:  # the Scan form's streamed states too
         drop_state_defaults(model_proto, findings)
-    if form.portable and not form.target:  # before the rules: its Scans' input MatMuls are theirs too
+    if form.portable and form.row is None:  # before the rules: its Scans' input MatMuls are theirs too
         portable_kernels(model_proto, findings)
     run(model_proto, RULES, form)
 
