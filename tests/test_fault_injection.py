@@ -603,6 +603,16 @@ def problems_of(flavor: str, model_proto, warnings: list, target: Optional[Targe
     return found
 
 
+def _rule_drivers() -> set:
+    from tf2onnx_rnn.rewriters.written import passes
+
+    return {passes.run.__code__}
+
+
+_RULE_DRIVERS = _rule_drivers()
+_TOOLKIT = {"tf2onnx_rnn.rewriters.written.graph"}
+
+
 def escapes(target: Target, records: list) -> list:
     """Faults that got past the nearest guard.
 
@@ -610,8 +620,10 @@ def escapes(target: Target, records: list) -> list:
     have come straight from a function that guard calls itself: a fault deeper down belongs to an
     inner guard, which keeps it to the loop it concerns. Only a fault in a guard itself may reach
     the next guard out, from any depth, and so may one in a dataclass's constructor, which guards
-    call too (a row that cannot be built cannot be recorded); only the injected fault may be caught
-    at all.
+    call too (a row that cannot be built cannot be recorded), and one in the written model's graph toolkit
+    (``_TOOLKIT``: the primitives every pass and the report's readers call at any depth), and one under a rule
+    of the passes over the written model, from any depth: their driver keeps it to that rule, whose rewrite
+    changes the graph only once it is whole; only the injected fault may be caught at all.
     """
     found = []
     for record in records:
@@ -622,7 +634,8 @@ def escapes(target: Target, records: list) -> list:
         if frames[-1].f_code is not _INJECTED_CODE:
             found.append(f"{type(record.exc_info[1]).__name__}: {record.exc_info[1]} (not the injected fault) "
                          f"escaped to a last line of defence through {path}")
-        elif len(frames) > 2 and not (target.guard or target.constructor):
+        elif len(frames) > 2 and not (target.guard or target.constructor or target.module.__name__ in _TOOLKIT) \
+                and frames[0].f_code not in _RULE_DRIVERS:
             found.append(f"the fault escaped past the nearest guard, through {path}: {record.getMessage()}")
     return found
 

@@ -44,6 +44,16 @@ def name_dimensions(model_proto: onnx.ModelProto, measured: Sequence = (), keras
     streamed states, which are not a Keras input; ``infer``: shape inference may run (not on a
     model too large for protobuf).
     """
+    try:
+        return _named(model_proto, measured, keras, state_inputs, infer)
+    except Exception as error:  # noqa: BLE001 - names only: the model computes the same with tf2onnx's
+        logger.warning("dynamic dimensions keep tf2onnx's names: internal error: %s: %s", type(error).__name__, error,
+                       exc_info=True)
+        return ""
+
+
+def _named(model_proto: onnx.ModelProto, measured: Sequence, keras: bool, state_inputs: Sequence[str],
+           infer: bool) -> str:
     graph = model_proto.graph
     axes = [(value.name, axis) for value in graph.input for axis, dim in enumerate(_dims(value)) if _dynamic(dim)]
     classes = _Classes(axes)

@@ -98,6 +98,10 @@ def _outcome_of(node: str, outcomes: list):
 
 def _after_lowering(model_proto: onnx.ModelProto) -> None:
     """The passes that follow a lowering (its Scans project their inputs as the steps did not)."""
-    from .rewriters.written.passes import AFTER_LOWERING, run
+    try:
+        from .rewriters.written.passes import AFTER_LOWERING, run
 
-    run(model_proto, AFTER_LOWERING)
+        run(model_proto, AFTER_LOWERING)
+    except Exception as error:  # noqa: BLE001 - the model stays exact; onnxruntime's check runs in a child
+        logger.warning("the passes after the lowering stopped: internal error: %s: %s", type(error).__name__, error,
+                       exc_info=True)

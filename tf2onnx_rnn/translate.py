@@ -72,8 +72,12 @@ def _written_model_passes(model_proto: onnx.ModelProto, findings: Findings, opti
         logger.warning("the written model stays as tf2onnx wrote it: internal error importing its passes: %s: %s",
                        type(error).__name__, error, exc_info=True)
         return
-    after_conversion(model_proto, findings, Form(portable=options.portable, streaming=bool(options.streaming),
-                                                 state_defaults=options.defaults_states, row=options.runtime))
+    try:
+        after_conversion(model_proto, findings, Form(portable=options.portable, streaming=bool(options.streaming),
+                                                     state_defaults=options.defaults_states, row=options.runtime))
+    except Exception as error:  # noqa: BLE001 - each pass leaves the model exact, run or not
+        logger.warning("the passes over the written model stopped: internal error: %s: %s", type(error).__name__,
+                       error, exc_info=True)
 
 
 def _check_fused_ops(frozen: Frozen, findings: Findings) -> None:
