@@ -80,7 +80,7 @@ def obstacles(model_proto: onnx.ModelProto, row: Runtime) -> list:
     static = _static_inputs(model_proto)
     ops = {n.op_type for n in model_proto.graph.node}
     asked = (not row.batched_conv and "Conv" in ops) or (static and not row.squeezes_unknown and "Squeeze" in ops) \
-        or (static and not row.if_unranked and "If" in ops)
+        or (not row.if_unranked and "If" in ops)
     shapes = static_shapes(model_proto) if asked else None  # shape inference only where a fact asks for it
     whole = readers_of(model_proto.graph)
     readers: dict = {}  # id of a graph -> what reads each name, its own outputs read by None
@@ -159,7 +159,7 @@ def node_obstacles(node: onnx.NodeProto, row: Runtime, constants: dict, static: 
         return [Obstacle(name, "fails to compile a Squeeze of a tensor whose shape it cannot fix "
                                "('tensor.collapse_shape')", kind=Kind.SHAPE)]
     if node.op_type == "If" and (not row.if_shapes and any(n.op_type == "Shape" for n in _body(node))
-                                 or shapes is not None and static and not row.if_unranked
+                                 or shapes is not None and not row.if_unranked
                                  and any(o and o not in shapes for o in node.output)):
         return [Obstacle(name, "fails on an If whose branches compute shapes" if not row.if_shapes else
                                "fails on an If whose outputs' rank shape inference leaves unknown", kind=Kind.IF)]

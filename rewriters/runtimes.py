@@ -157,22 +157,25 @@ RUNTIMES = (
     Runtime("openvino", "OpenVINO 2026.4", "portable", target_removes=_PORTABLE_REMOVES, sequence_lens="ignored",
             peepholes="wrong", activations={op: Activations(_KERNEL, silent=False, per_direction=False)
                                             for op in RECURRENT_OPS},
-            transposes_shared_y=False,
+            transposes_shared_y=False, if_unranked=False,
             package="openvino", measured="ignores a computed sequence_lens under dynamic shapes; reads LSTM's P "
                                          "otherwise than ONNX (0.05 off); a recurrent node's activations other than "
                                          "Sigmoid, Tanh and Relu refused ('Unsupported activation function', 'Unknown "
                                          "activation function'), and a bidirectional node computed with the forward "
                                          "direction's, silently (156 single-node probes); a Transpose(1, 0, 2) of "
-                                         "a squeezed Y another recurrent node reads too, 1.0 off (hand-built graphs)"),
+                                         "a squeezed Y another recurrent node reads too, 1.0 off (hand-built "
+                                         "graphs); an If whose outputs' rank shape inference leaves unknown fails "
+                                         "to convert (a MinGRU's)"),
     Runtime("tract", "tract 0.23", "portable", target_removes=_PORTABLE_REMOVES,
             recurrent={op: frozenset({FORWARD, BIDIRECTIONAL}) for op in RECURRENT_OPS}, reverse_runs_forward=True,
             sequence_lens="constant", all_states_need_initial=frozenset({"LSTM"}),
             activations={op: Activations(defaults_only=True) for op in RECURRENT_OPS},
-            lacks=_LOOPING | {"ReverseSequence"}, package="tract",
+            lacks=_LOOPING | {"ReverseSequence"}, package="tract", if_unranked=False,
             measured="takes sequence_lens only as a constant; no Loop, no ReverseSequence; an LSTM whose Y, Y_h "
                      "and Y_c are all read stops without initial states ('Clashing resolution for expression'); "
                      "a recurrent node's activations and direction not read: the default functions, forward, "
-                     "silently (156 single-node probes)"),
+                     "silently (156 single-node probes); an If whose outputs' rank shape inference leaves unknown "
+                     "fails ('Failed analyse', a MinGRU's)"),
     Runtime("onnx2torch", "PyTorch through onnx2torch 1.5", "portable", target_removes=_PORTABLE_REMOVES,
             sequence_lens="constant", lacks=_LOOPING | {"ReverseSequence", "Scan", "If", "ScatterElements"},
             measured="no recurrent converter of its own (the tests supply them, without sequence_lens), "
