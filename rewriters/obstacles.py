@@ -177,6 +177,8 @@ def node_obstacles(node: onnx.NodeProto, row: Runtime, constants: dict, static: 
         return [Obstacle(name, "crashes on a Split whose sizes are not given", kind=Kind.SPLIT)]
     if node.op_type == "Slice" and row.negative_step_slice == "dropped" and _negative_step(node, constants):
         return [Obstacle(name, "drops a Slice with step -1", True, Kind.SLICE)]
+    if node.op_type == "Slice" and not row.strided_slice and _strided(node, constants):
+        return [Obstacle(name, "has no Slice of a step other than 1 and -1", kind=Kind.SLICE)]
     return []
 
 
@@ -255,6 +257,11 @@ def _activations(node: onnx.NodeProto, facts, directions: int, name: str) -> lis
 def _negative_step(node: onnx.NodeProto, constants: dict) -> bool:
     steps = constants.get(node.input[4]) if len(node.input) > 4 and node.input[4] else None
     return len(node.input) > 4 and bool(node.input[4]) and (steps is None or bool((np.asarray(steps) < 0).any()))
+
+
+def _strided(node: onnx.NodeProto, constants: dict) -> bool:
+    steps = constants.get(node.input[4]) if len(node.input) > 4 and node.input[4] else None
+    return len(node.input) > 4 and bool(node.input[4]) and (steps is None or bool((np.abs(steps) > 1).any()))
 
 
 def _body(node: onnx.NodeProto) -> list:

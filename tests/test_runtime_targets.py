@@ -248,6 +248,38 @@ def test_the_op_rungs_compute_the_ops_they_replace():
     _assert_same(before, model, feeds)
 
 
+@pytest.mark.parametrize("starts,ends,axes,steps", [
+    ([0, 2, 0], [10**9, 10**9, 10**9], [0, 1, 2], [1, 2, 1]),  # every other step from the third (a MinGRU's)
+    ([0, 0, 0], [10**9, -1, 10**9], [0, 1, 2], [1, 2, 1]),  # every other step but the last
+    ([-1], [-(2**63)], [0], [-1]),  # a whole axis reversed
+    ([1, 5], [-1, 0], [2, 0], [2, -3]),  # two axes at once, one backwards by 3
+])
+def test_a_slice_of_any_step_as_its_pieces_computes_the_slice(starts, ends, axes, steps):
+    """ncnn loads no Slice of a step over 1 (pnnx leaves Tensor.slice) and drops one of step -1: the rung writes
+    the picked pieces concatenated, and a plain Slice for an axis of step 1."""
+    from tf2onnx_rnn.rewriters.written.lower.op_rungs import OP_RUNGS
+
+    shape = [TIME, BATCH, 2 * UNITS]
+    params = [numpy_helper.from_array(np.array(v, np.int64), name)
+              for v, name in ((starts, "starts"), (ends, "ends"), (axes, "axes"), (steps, "steps"))]
+    graph = helper.make_graph([helper.make_node("Slice", ["x", "starts", "ends", "axes", "steps"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], params)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    before = onnx.ModelProto()
+    before.CopyFrom(model)
+    constants = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    (node,) = model.graph.node
+    assert [o.kind for o in node_obstacles(node, BY_KEY["ncnn"], constants, True, {})] == ["slice"]
+    OP_RUNGS["Slice", "slice"](node, {"x": shape}, constants, Writer(model.graph, 17))
+    constants = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    left = [constants[n.input[4]] for n in helpers.nodes_of_types(model, ["Slice"]) if len(n.input) > 4]
+    assert all((np.asarray(step) == 1).all() for step in left)
+    assert not [o for n in model.graph.node for o in node_obstacles(n, BY_KEY["ncnn"], constants, True, {})]
+    _assert_same(before, model, {"x": np.random.default_rng(5).normal(size=shape).astype(np.float32)})
+
+
 def test_moves_of_axes_of_size_1_merge_into_one_transpose():
     """A Transpose between Reshapes that only move axes of size 1 (a time-major [T, 1, ...] made batch-major and
     back) is one Transpose of the same values; a chain that keeps every axis in place goes."""

@@ -46,19 +46,37 @@ def _split_sized(node, shapes: dict, constants: dict, w: Writer) -> bool:
     return True
 
 
-def _reversal_as_concat(node, shapes: dict, constants: dict, w: Writer) -> bool:
-    """A ``Slice`` reversing a whole static axis, as its pieces concatenated in reverse order."""
-    values = [constants.get(name) for name in node.input[1:5]]
+def _slice_as_pieces(node, shapes: dict, constants: dict, w: Writer) -> bool:
+    """A ``Slice`` of constant starts, ends, axes and steps over static axes, each axis it steps along other than
+    by 1 (a reversal, every other step) as that axis's pieces concatenated in the order picked, the others by a
+    ``Slice`` of step 1: the same values."""
     shape = shapes.get(node.input[0])
-    if any(v is None for v in values) or shape is None or len(values[0]) != 1:
-        raise CannotLower("a Slice with step -1 reverses no whole axis of known size")
-    start, end, axis, step = (int(v[0]) for v in values)
-    axis = axis % len(shape)
-    size = shape[axis]
-    if not size or step != -1 or start not in (-1, size - 1) or end > -size - 1:
-        raise CannotLower("a Slice with step -1 reverses no whole axis of known size")
-    pieces = w.split(node.input[0], [1] * shape[axis], axis, f"{node.output[0]}_piece")
-    w.op("Concat", pieces[::-1], f"{node.output[0]}_reversed", output_names=[node.output[0]], axis=axis)
+    given = [constants.get(name) if name else None for name in list(node.input[1:5]) + [""] * (5 - len(node.input))]
+    starts, ends = given[0], given[1]
+    if starts is None or ends is None or not shape or (node.input[3:4] and node.input[3] and given[2] is None) \
+            or (node.input[4:5] and node.input[4] and given[3] is None):
+        raise CannotLower("a Slice of computed bounds or of unknown shape has no pieces form here")
+    axes = np.ravel(given[2]) if given[2] is not None else np.arange(np.size(starts))
+    steps = np.ravel(given[3]) if given[3] is not None else np.ones(np.size(starts), np.int64)
+    x = node.input[0]
+    for k, (start, end, axis, step) in enumerate(zip(np.ravel(starts), np.ravel(ends), axes, steps)):
+        axis = int(axis) % len(shape)
+        if not shape[axis]:
+            raise CannotLower("a Slice along an axis of unknown size has no pieces form here")
+        picked = list(range(*slice(int(start), int(end), int(step)).indices(shape[axis])))
+        if picked == list(range(shape[axis])):
+            continue
+        base = f"{node.output[0]}_axis{axis}"
+        if int(step) == 1:
+            x = w.slice(x, picked[0], picked[-1] + 1, axis, base) if picked else w.slice(x, 0, 0, axis, base)
+            continue
+        pieces = w.split(x, [1] * shape[axis], axis, f"{base}_piece")
+        x = w.op("Concat", [pieces[i] for i in picked], f"{base}_picked", axis=axis) if picked else \
+            w.slice(x, 0, 0, axis, base)
+    if w.nodes and list(w.nodes[-1].output) == [x]:  # the last piece written is the Slice's output
+        w.nodes[-1].output[0] = node.output[0]
+    else:
+        w.op("Identity", [x], f"{node.output[0]}_sliced", output_names=[node.output[0]])
     w.replace([node])
     return True
 
@@ -105,5 +123,5 @@ def _pad_moded(node, shapes: dict, constants: dict, w: Writer) -> bool:
 
 
 OP_RUNGS = {("Concat", Kind.EMPTY): _concat_of_parts, ("GatherElements", Kind.GATHER): _gather_as_pieces,
-            ("Slice", Kind.SLICE): _reversal_as_concat, ("Gemm", Kind.GEMM): _gemm_as_matmul,
+            ("Slice", Kind.SLICE): _slice_as_pieces, ("Gemm", Kind.GEMM): _gemm_as_matmul,
             ("Split", Kind.SPLIT): _split_sized, ("Pad", Kind.PAD): _pad_moded}
