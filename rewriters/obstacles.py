@@ -79,7 +79,8 @@ def obstacles(model_proto: onnx.ModelProto, row: Runtime) -> list:
     found: list = []
     static = _static_inputs(model_proto)
     ops = {n.op_type for n in model_proto.graph.node}
-    asked = (not row.batched_conv and "Conv" in ops) or (static and not row.squeezes_unknown and "Squeeze" in ops) \
+    asked = (not row.batched_conv and "Conv" in ops) or (not row.rank5_gather and "Gather" in ops) \
+        or (static and not row.squeezes_unknown and "Squeeze" in ops) \
         or (not row.if_unranked and "If" in ops)
     shapes = static_shapes(model_proto) if asked else None  # shape inference only where a fact asks for it
     whole = readers_of(model_proto.graph)
@@ -177,6 +178,9 @@ def node_obstacles(node: onnx.NodeProto, row: Runtime, constants: dict, static: 
         return [Obstacle(name, "crashes on a Split whose sizes are not given", kind=Kind.SPLIT)]
     if node.op_type == "Slice" and row.negative_step_slice == "dropped" and _negative_step(node, constants):
         return [Obstacle(name, "drops a Slice with step -1", True, Kind.SLICE)]
+    if node.op_type == "Gather" and not row.rank5_gather and np.ndim(constants.get(node.input[1], [])) == 0 \
+            and len((shapes or {}).get(node.input[0]) or []) == 5:
+        return [Obstacle(name, "has no Gather of one index from a tensor of rank 5", kind=Kind.OP)]
     if node.op_type == "Slice" and not row.strided_slice and _strided(node, constants):
         return [Obstacle(name, "has no Slice of a step other than 1 and -1", kind=Kind.SLICE)]
     return []

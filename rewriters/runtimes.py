@@ -120,6 +120,7 @@ class Runtime:
     lacks: frozenset = frozenset()  # op types it has no lowering or layer for
     negative_step_slice: str = "exact"  # "exact", "dropped" (silently)
     strided_slice: bool = True  # computes a Slice of a step other than 1 and -1
+    rank5_gather: bool = True  # computes a Gather of one index from a tensor of rank 5
     static_shapes: bool = False  # compiles for fixed shapes only
     given_states: bool = True  # maps a recurrent node whose initial states are given
     shared_weights: bool = True  # maps a MatMul whose constant weight other MatMuls read too
@@ -221,7 +222,8 @@ RUNTIMES = (
                          "RNN": Activations(frozenset({"Tanh"}), silent=frozenset({"Relu"}))},
             scan="none", lacks=_LOOPING | MASK_BOOLS | {"ReverseSequence", "If", "ScatterND", "GatherND", "CumSum",
                                                          "GatherElements", "DFT"},
-            negative_step_slice="dropped", strided_slice=False, static_shapes=True, y_read_squeezed=True,
+            negative_step_slice="dropped", strided_slice=False, rank5_gather=False, static_shapes=True,
+            y_read_squeezed=True,
             package="ncnn",
             nodes_in_a_minute=12000,
             measured="a forward recurrent node is mapped only when its Y alone is read, by a Squeeze of axis 1, and "
@@ -236,7 +238,9 @@ RUNTIMES = (
                      "dropped, a Concat along it leaves a 5-D output ncnn cannot hold; a Concat of an empty constant "
                      "(the Scan form's padding of a full-length output) does not load at rank 3 and computes garbage "
                      "at rank 5 (pnnx: '5-rank tensor is not supported'); a Slice with step -1 is silently dropped, "
-                     "one of another step over 1 left as Tensor.slice, which does not load (a MinGRU's); "
+                     "one of another step over 1 left as Tensor.slice, which does not load (a MinGRU's); a Gather of "
+                     "one index from a rank-5 tensor left as torch.unbind, which does not load (an LMUFeedforward's "
+                     "spectrum); "
                      "a Split without its sizes becomes a Slice without them, which ends the process; no "
                      "GatherElements, Scan, If, Loop, ReverseSequence or the mask's bool ops; a masked layer as its "
                      "own step with its mask as float 0/1 arithmetic computes exactly; a Pad without its mode "

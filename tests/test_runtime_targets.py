@@ -280,6 +280,21 @@ def test_a_slice_of_any_step_as_its_pieces_computes_the_slice(starts, ends, axes
     _assert_same(before, model, {"x": np.random.default_rng(5).normal(size=shape).astype(np.float32)})
 
 
+@pytest.mark.parametrize("rank", [4, 5])
+def test_a_gather_of_one_index_from_a_rank_5_tensor_is_ncnns_obstacle(rank):
+    """pnnx makes such a Gather (an LMUFeedforward's spectrum) a torch.unbind ncnn does not load; at rank 4 it is
+    mapped."""
+    shape = [1, 1, 3, 4, 2][:rank]
+    graph = helper.make_graph([helper.make_node("Gather", ["x", "k"], ["y"], axis=rank - 1)], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape[:-1])],
+                              [numpy_helper.from_array(np.array(1, np.int64), "k")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    found = [(o.kind, o.why) for o in obstacles(model, BY_KEY["ncnn"])]
+    assert found == ([("op", "has no Gather of one index from a tensor of rank 5")] if rank == 5 else [])
+    assert not obstacles(model, BY_KEY["openvino"])
+
+
 def test_moves_of_axes_of_size_1_merge_into_one_transpose():
     """A Transpose between Reshapes that only move axes of size 1 (a time-major [T, 1, ...] made batch-major and
     back) is one Transpose of the same values; a chain that keeps every axis in place goes."""
