@@ -44,7 +44,6 @@ import json
 import os
 import statistics
 import sys
-import time
 from collections import defaultdict
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -52,6 +51,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import numpy as np  # noqa: E402
+from run import _time_block as time_block  # noqa: E402
 from run import all_cases, build_model, make_inputs, minimal_model, ours_convert  # noqa: E402
 
 ROLES = ("recurrent", "transposes", "masking layer", "mask prep", "lengths", "compaction", "restore",
@@ -280,18 +280,6 @@ def empty_model():
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     return model
-
-
-def time_block(run, target_seconds: float) -> float:
-    """Seconds per call, over as many calls as fit in about ``target_seconds`` (after one warm call)."""
-    run()
-    start, calls = time.perf_counter(), 0
-    while True:
-        run()
-        calls += 1
-        elapsed = time.perf_counter() - start
-        if elapsed >= target_seconds and calls >= 3:
-            return elapsed / calls
 
 
 def profile_case(case, rounds: int, block: float, per_node: bool = True, save: str = None,
