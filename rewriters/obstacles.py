@@ -278,22 +278,32 @@ def _squeezed(y: str, readers: dict, constants: dict) -> bool:
     return len(found) == 1 and squeezes_axis_1(found[0], constants)
 
 
-def shared_y_transposes(node: onnx.NodeProto, readers: dict, constants: dict) -> list:
+def shared_y_transposes(node: onnx.NodeProto, readers: dict, constants: dict, shapes: Optional[dict] = None) -> list:
     """(the Squeeze, the Transpose, the Transposes back) reading a one-direction recurrent node's Y batch-major, as
     Transpose(1, 0, 2) of its Squeeze of axis 1, where a recurrent node reads that Squeeze too: directly, or
-    through the batch-major Transpose and a Transpose(1, 0, 2) back (listed third)."""
+    through the batch-major Transpose and a Transpose(1, 0, 2) back (listed third; with ``shapes``, a Reshape back
+    to the squeezed sequence's own static shape counts too: tf2onnx's swap back at batch 1)."""
     if attribute(node, "direction", FORWARD) == BIDIRECTIONAL or not slot(node.output, Y):
         return []
     found = []
     for squeeze in [r for r in readers.get(node.output[Y], []) if squeezes_axis_1(r, constants)]:
         after = [r for r in readers.get(squeeze.output[0], []) if r is not None]
         for swap in [r for r in after if _swaps_0_1(r)]:
-            back = [r for r in readers.get(swap.output[0], []) if _swaps_0_1(r)]
+            back = [r for r in readers.get(swap.output[0], []) if _swaps_0_1(r) or _swapped_back(
+                r, (shapes or {}).get(squeeze.output[0]), shapes or {})]
             recurrent = any(r.op_type in RECURRENT_OPS for r in after) or any(
                 r is not None and r.op_type in RECURRENT_OPS for b in back for r in readers.get(b.output[0], []))
             if recurrent:
                 found.append((squeeze, swap, back))
     return found
+
+
+def _swapped_back(node: Optional[onnx.NodeProto], shape: Optional[list], shapes: dict) -> bool:
+    """Whether ``node`` is a Reshape back to the static ``shape`` [T, B, H] of a sequence it reads swapped, where
+    T or B is 1: the same values as the swap back (tf2onnx's at batch 1)."""
+    if node is None or node.op_type != "Reshape" or not shape or None in shape or len(shape) != 3:
+        return False
+    return (shape[0] == 1 or shape[1] == 1) and shapes.get(node.output[0]) == list(shape)
 
 
 def _swaps_0_1(node: Optional[onnx.NodeProto]) -> bool:

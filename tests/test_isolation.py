@@ -19,8 +19,15 @@ import pytest
 
 import helpers
 
-TURN_OFF_THE_PASS = ("import tf2onnx_rnn.rewriters.written.half_matmuls as passes\n"
-                     "passes.swap_half_matmuls = lambda model: 0\n")
+TURN_OFF_THE_PASS = ("import tf2onnx_rnn.rewriters.written.passes as passes\n"
+                     "passes.RULES = tuple(r for r in passes.RULES if r.name != 'half MatMuls swapped')\n")
+
+
+def _turned_off(monkeypatch) -> None:
+    """The written model's rule that writes such a product otherwise, out of the rules the driver runs."""
+    from tf2onnx_rnn.rewriters.written import passes
+
+    monkeypatch.setattr(passes, "RULES", tuple(r for r in passes.RULES if r.name != "half MatMuls swapped"))
 
 
 @pytest.fixture(scope="module")
@@ -47,11 +54,10 @@ def _onnxruntime_crashes() -> bool:
 def test_a_crash_of_the_checking_runtime_is_an_error_and_the_caller_goes_on(crashing_graph, tmp_path, monkeypatch):
     from tf2onnx_rnn import ConversionError, convert_graph_def
     from tf2onnx_rnn.isolation import RuntimeCrashed
-    from tf2onnx_rnn.rewriters.emit import half_matmuls
 
     if not _onnxruntime_crashes():
         pytest.skip("this onnxruntime loads the shape")
-    monkeypatch.setattr(half_matmuls, "swap_half_matmuls", lambda model: 0)
+    _turned_off(monkeypatch)
     output = tmp_path / "model.onnx"
     with pytest.raises(RuntimeCrashed) as crashed:
         convert_graph_def(crashing_graph, ["x:0"], ["y:0"], output_path=str(output))
@@ -115,7 +121,6 @@ def test_one_child_checks_one_model_after_another_and_a_crashed_one_is_replaced(
     """The child stays for the next check of the process; one that a model crashed is replaced by a new
     one, which checks the next model as before."""
     from tf2onnx_rnn import convert_graph_def, isolation
-    from tf2onnx_rnn.rewriters.emit import half_matmuls
 
     feeds = [{"x": np.ones((2, 3), np.float32)}]
     isolation.check_survives(_relu_model(), feeds)
@@ -124,7 +129,7 @@ def test_one_child_checks_one_model_after_another_and_a_crashed_one_is_replaced(
     assert isolation._child.process is first and first.poll() is None
     if not _onnxruntime_crashes():
         pytest.skip("this onnxruntime loads the crashing shape")
-    monkeypatch.setattr(half_matmuls, "swap_half_matmuls", lambda model: 0)
+    _turned_off(monkeypatch)
     with pytest.raises(isolation.RuntimeCrashed):
         convert_graph_def(crashing_graph, ["x:0"], ["y:0"])
     assert first.poll() is not None and first.returncode < 0, first.returncode  # it ended by a signal

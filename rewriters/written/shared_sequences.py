@@ -12,17 +12,20 @@ from onnx import helper, numpy_helper
 
 from ..obstacles import shared_y_transposes
 from ..runtimes import RECURRENT_OPS
-from .graph import constant_values, opset_of, readers_of, set_nodes, sweep
+from .graph import constant_values, opset_of, readers_of, set_nodes, static_shapes, sweep
 
 
 def batch_major_from_4d(model_proto: onnx.ModelProto) -> int:
     """Rewrite each such read of the main graph; returns how many. The graph changes once the rewrite is built."""
     graph = model_proto.graph
     constants, readers = constant_values(graph), readers_of(graph)
+    swapped = {t.output[0] for t in graph.node if t.op_type == "Transpose" and t.output}
+    reshaped = any(n.op_type == "Reshape" and n.input and n.input[0] in swapped for n in graph.node)
+    shapes = static_shapes(model_proto) if reshaped else None  # a swap back written as a Reshape: at batch 1
     outputs = {o.name for o in graph.output}
     replaced, made, renames = {}, [], {}
     for node in [n for n in graph.node if n.op_type in RECURRENT_OPS]:
-        for squeeze, swap, back in shared_y_transposes(node, readers, constants):
+        for squeeze, swap, back in shared_y_transposes(node, readers, constants, shapes):
             renames.update({b.output[0]: squeeze.output[0] for b in back if b.output[0] not in outputs})
             base = swap.name or swap.output[0]
             moved = f"{base}__from_4d"
