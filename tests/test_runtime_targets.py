@@ -453,6 +453,15 @@ def test_a_model_of_more_steps_than_its_runtime_compiles_in_a_minute_says_so_and
             assert f"{nodes} nodes" in lines[0] and f"about {limit} " in lines[0] and "chunk" in lines[0], lines
     assert all(row.nodes_in_a_minute for row in RUNTIMES if row.target == row.key), \
         [(r.key, r.nodes_in_a_minute) for r in RUNTIMES]  # measured for every runtime a target writes for
+    # another runtime the report names for this form (rknn computes the steps too) past its own measure: named too
+    from tf2onnx_rnn import consumers
+
+    monkeypatch.setitem(runtimes.BY_KEY, "tvm", BY_KEY["tvm"])
+    slower = tuple(dataclasses.replace(r, nodes_in_a_minute=nodes - 1) if r.key == "rknn" else r for r in RUNTIMES)
+    monkeypatch.setattr(consumers, "RUNTIMES", slower)
+    report = report_of(convert_keras(model, input_signature=signature, target="tvm"))
+    lines = [line for line in report.table().splitlines() if line.startswith("note: ") and "minute" in line]
+    assert "rknn" in report.runs_in and len(lines) == 1 and "rknn-toolkit2" in lines[0] and "TVM" not in lines[0], lines
 
 
 def test_every_runtime_target_has_its_row_and_every_row_its_evidence():

@@ -62,20 +62,22 @@ def consumers_of(model_proto: onnx.ModelProto, written_for=None, steps_written: 
     if served or unserved:
         lines.append(_others(served, unserved))
     if steps_written:
-        lines.extend(_long_steps(model_proto, written_for))
+        others = [r for r in RUNTIMES if r.key in computing and (written_for is None or r.key != written_for.key)]
+        lines.extend(_long_steps(model_proto, [written_for] + others))
     return Consumers(tuple(lines + silent), tuple(computing), tuple(notes))
 
 
-def _long_steps(model_proto: onnx.ModelProto, row) -> list:
-    """A line where the steps written out make ``model_proto`` larger than ``row``'s runtime compiles in about
-    a minute."""
+def _long_steps(model_proto: onnx.ModelProto, rows: list) -> list:
+    """A line where the steps written out make ``model_proto`` larger than the runtimes of ``rows`` (the target's
+    first, then the others that compute it) compile in about a minute."""
     nodes = len(model_proto.graph.node)
-    if row is None or not row.nodes_in_a_minute or nodes <= row.nodes_in_a_minute:
+    slow = [row for row in rows if row is not None and row.nodes_in_a_minute and nodes > row.nodes_in_a_minute]
+    if not slow:
         return []
-    return [f"note: {nodes} nodes with the layers' steps written out: {row.name} compiles about "
-            f"{row.nodes_in_a_minute} in a minute (measured), more take longer; for a long or "
-            "unbounded sequence, convert a stateful model over a fixed chunk and feed it chunk by chunk "
-            "(docs/downstream.md, 'Long sequences')"]
+    compile_ = ", ".join(f"{row.name} compiles about {row.nodes_in_a_minute} in a minute" for row in slow)
+    return [f"note: {nodes} nodes with the layers' steps written out: {compile_} (measured), more take longer; "
+            "for a long or unbounded sequence, convert a stateful model over a fixed chunk and feed it chunk by "
+            "chunk (docs/downstream.md, 'Long sequences')"]
 
 
 def _obstacles(model_proto: onnx.ModelProto, row) -> tuple:
