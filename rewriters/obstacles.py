@@ -259,13 +259,18 @@ def _activations(node: onnx.NodeProto, facts, directions: int, name: str) -> lis
 
 
 def _negative_step(node: onnx.NodeProto, constants: dict) -> bool:
-    steps = constants.get(node.input[4]) if len(node.input) > 4 and node.input[4] else None
-    return len(node.input) > 4 and bool(node.input[4]) and (steps is None or bool((np.asarray(steps) < 0).any()))
+    return _steps_may(node, constants, lambda steps: steps < 0)
 
 
 def _strided(node: onnx.NodeProto, constants: dict) -> bool:
-    steps = constants.get(node.input[4]) if len(node.input) > 4 and node.input[4] else None
-    return len(node.input) > 4 and bool(node.input[4]) and (steps is None or bool((np.abs(steps) > 1).any()))
+    return _steps_may(node, constants, lambda steps: np.abs(steps) > 1)
+
+
+def _steps_may(node: onnx.NodeProto, constants: dict, test) -> bool:
+    """Whether a Slice's steps are given and, computed or constant, may pass ``test`` (on their array)."""
+    given = slot(node.input, 4)
+    steps = constants.get(given) if given else None
+    return bool(given) and (steps is None or bool(test(np.asarray(steps)).any()))
 
 
 def _body(node: onnx.NodeProto) -> list:

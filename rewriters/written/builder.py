@@ -89,10 +89,10 @@ class Writer:
             return self.op("Split", [x, self.ints(parts, f"{base}_sizes")], base, len(parts), axis=axis)
         return self.op("Split", [x], base, len(parts), axis=axis, split=list(parts))
 
-    def squeeze(self, x: str, axes: list, base: str) -> str:
+    def squeeze(self, x: str, axes: list, base: str, output_names=None) -> str:
         if self.opset >= 13:
-            return self.op("Squeeze", [x, self.ints(axes, f"{base}_axes")], base)
-        return self.op("Squeeze", [x], base, axes=list(axes))
+            return self.op("Squeeze", [x, self.ints(axes, f"{base}_axes")], base, output_names=output_names)
+        return self.op("Squeeze", [x], base, output_names=output_names, axes=list(axes))
 
     def unsqueeze(self, x: str, axes: list, base: str) -> str:
         if self.opset >= 13:

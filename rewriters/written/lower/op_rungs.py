@@ -9,7 +9,7 @@ import numpy as np
 
 from ...runtimes import Kind
 from ..builder import Writer
-from ..graph import attribute
+from ..graph import attribute, slot
 from .steps import CannotLower
 
 
@@ -51,15 +51,14 @@ def _slice_as_pieces(node, shapes: dict, constants: dict, w: Writer) -> bool:
     by 1 (a reversal, every other step) as that axis's pieces concatenated in the order picked, the others by a
     ``Slice`` of step 1: the same values."""
     shape = shapes.get(node.input[0])
-    given = [constants.get(name) if name else None for name in list(node.input[1:5]) + [""] * (5 - len(node.input))]
-    starts, ends = given[0], given[1]
-    if starts is None or ends is None or not shape or (node.input[3:4] and node.input[3] and given[2] is None) \
-            or (node.input[4:5] and node.input[4] and given[3] is None):
+    names = [slot(node.input, k) for k in range(1, 5)]  # starts, ends, axes, steps ("" where not given)
+    starts, ends, axes, steps = (constants.get(name) if name else None for name in names)
+    if not shape or any(name and value is None for name, value in zip(names, (starts, ends, axes, steps))):
         raise CannotLower("a Slice of computed bounds or of unknown shape has no pieces form here")
-    axes = np.ravel(given[2]) if given[2] is not None else np.arange(np.size(starts))
-    steps = np.ravel(given[3]) if given[3] is not None else np.ones(np.size(starts), np.int64)
+    axes = np.ravel(axes) if axes is not None else np.arange(np.size(starts))
+    steps = np.ravel(steps) if steps is not None else np.ones(np.size(starts), np.int64)
     x = node.input[0]
-    for k, (start, end, axis, step) in enumerate(zip(np.ravel(starts), np.ravel(ends), axes, steps)):
+    for start, end, axis, step in zip(np.ravel(starts), np.ravel(ends), axes, steps):
         axis = int(axis) % len(shape)
         if not shape[axis]:
             raise CannotLower("a Slice along an axis of unknown size has no pieces form here")
