@@ -132,7 +132,7 @@ def node_obstacles(node: onnx.NodeProto, row: Runtime, constants: dict, static: 
     the row asks for them)."""
     name = node.name or node.output[0]
     if node.domain not in ("", "ai.onnx"):
-        return []
+        return [] if node.domain in row.domains else [Obstacle(name, f"has no {node.domain} op {node.op_type}")]
     if node.op_type in row.lacks:
         kind = {"ReverseSequence": Kind.REVERSAL, "GatherElements": Kind.GATHER}.get(
             node.op_type, Kind.BOOL if node.op_type in MASK_BOOLS else Kind.OP)

@@ -118,6 +118,7 @@ class Runtime:
     pad_default_mode: bool = True  # computes a Pad that leaves its mode to ONNX's default ("constant")
     if_shapes: bool = True  # computes an If whose branches compute shapes (Shape and arithmetic on it)
     lacks: frozenset = frozenset()  # op types it has no lowering or layer for
+    domains: frozenset = frozenset()  # the op domains it computes besides ONNX's own (onnxruntime's contrib ops)
     negative_step_slice: str = "exact"  # "exact", "dropped" (silently)
     strided_slice: bool = True  # computes a Slice of a step other than 1 and -1
     rank5_gather: bool = True  # computes a Gather of one index from a tensor of rank 5
@@ -155,6 +156,7 @@ MASK_BOOLS = frozenset({"Equal", "Not", "Where", "And", "Or", "Less", "Greater",
 
 RUNTIMES = (
     Runtime("onnxruntime", "onnxruntime (CPU, node, web)", None, package="onnxruntime",
+            domains=frozenset({"com.microsoft"}),
             measured="every form, Loop, Scan and If included, exact"),
     Runtime("openvino", "OpenVINO 2026.4", "portable", target_removes=_PORTABLE_REMOVES, sequence_lens="ignored",
             peepholes="wrong", activations={op: Activations(_KERNEL, silent=False, per_direction=False)

@@ -76,7 +76,7 @@ class VerificationFailed(VerificationError):
 # -- public entry points -----------------------------------------------------------------------
 def convert_keras(model, input_signature=None, opset: Optional[int] = None, output_path: Optional[str] = None,
                   verify: bool = False, tolerance: float = 1e-4, assume_post_padded: bool = False,
-                  safe_mode: bool = True, **options) -> onnx.ModelProto:
+                  safe_mode: bool = True, calibration=None, **options) -> onnx.ModelProto:
     """Convert a Keras model (Keras 3, tf_keras, or TensorFlow 2.15's Keras 2) to ONNX, with
     recurrent layers as native nodes.
 
@@ -102,17 +102,22 @@ def convert_keras(model, input_signature=None, opset: Optional[int] = None, outp
     The report is logged and stored in the model's metadata. Verification calls the model only
     when its traced call reaches nothing outside TensorFlow (no file writes, prints, Python or
     network ops), unless ``safe_mode=False``.
+    ``quantize="weights"`` stores the weights in int8 (float compute), ``quantize="dynamic"`` computes LSTM and
+    Dense layers with onnxruntime's integer kernels too; each layer only as far as ``calibration`` (an array, a
+    dict of input name -> array, or a list of them; without it, seeded random inputs) keeps every output
+    within ``max_error`` (relative to its largest magnitude; default 0.02) of the float model, and ``verify``
+    then compares with the source on that data within the same budget (:mod:`.quantization`).
     """
     options = Options.of(opset=opset, assume_post_padded=assume_post_padded, **options)
     conversion = run(KerasModel(model, input_signature, safe_mode), output_path=output_path, verify=verify,
-                     tolerance=tolerance, options=options)
+                     tolerance=tolerance, options=options, calibration=calibration)
     return conversion.model_proto
 
 
 def convert_saved_model(path: str, output_path: Optional[str] = None, opset: Optional[int] = None,
                         signature_def: Optional[str] = None, tag: Optional[str] = None,
                         verify: bool = False, tolerance: float = 1e-4, assume_post_padded: bool = False,
-                        concrete_function: Optional[int] = None, safe_mode: bool = True,
+                        concrete_function: Optional[int] = None, safe_mode: bool = True, calibration=None,
                         **options) -> onnx.ModelProto:
     """Convert a SavedModel directory; like :func:`convert_keras`, for the CLI's ``--saved-model``.
     A SavedModel is a program: unless ``safe_mode=False``, it is not loaded when its initializers
@@ -120,13 +125,13 @@ def convert_saved_model(path: str, output_path: Optional[str] = None, opset: Opt
     signature does."""
     options = Options.of(opset=opset, assume_post_padded=assume_post_padded, **options)
     conversion = run(SavedModel(path, signature_def, tag, concrete_function, safe_mode), output_path=output_path,
-                     verify=verify, tolerance=tolerance, options=options)
+                     verify=verify, tolerance=tolerance, options=options, calibration=calibration)
     return conversion.model_proto
 
 
 def convert_tflite(path: str, output_path: Optional[str] = None, opset: Optional[int] = None,
                    verify: bool = False, tolerance: float = 1e-4, drop_cell_clip: bool = False,
-                   dequantize: bool = False, **options) -> onnx.ModelProto:
+                   dequantize: bool = False, calibration=None, **options) -> onnx.ModelProto:
     """Convert a TFLite file; like :func:`convert_saved_model`, for the CLI's ``--tflite``. Its ``WHILE``
     loops and fused ``UNIDIRECTIONAL_SEQUENCE_LSTM`` ops become native nodes; verification compares
     with the TFLite interpreter. A fused LSTM that clips its cell state where the clip can act is
@@ -136,12 +141,12 @@ def convert_tflite(path: str, output_path: Optional[str] = None, opset: Optional
     row of the report says what its layer computes otherwise than the file."""
     options = Options.of(opset=opset, **options)
     conversion = run(TFLite(path, drop_cell_clip, dequantize), output_path=output_path, verify=verify,
-                     tolerance=tolerance, options=options)
+                     tolerance=tolerance, options=options, calibration=calibration)
     return conversion.model_proto
 
 
 def convert_graph_def(path: str, inputs, outputs, output_path: Optional[str] = None, opset: Optional[int] = None,
-                      verify: bool = False, tolerance: float = 1e-4, safe_mode: bool = True,
+                      verify: bool = False, tolerance: float = 1e-4, safe_mode: bool = True, calibration=None,
                       **options) -> onnx.ModelProto:
     """Convert a frozen GraphDef file (``.pb``); like :func:`convert_saved_model`, for the CLI's
     ``--graphdef``. ``inputs``: its input tensors, names (``["x:0"]``) or name -> shape to fix one;
@@ -149,24 +154,26 @@ def convert_graph_def(path: str, inputs, outputs, output_path: Optional[str] = N
     (TF1-style lowering is skipped); verification runs the graph in TensorFlow, refused with
     ``safe_mode`` when it holds ops reaching outside TensorFlow."""
     return _convert_graph(GraphDefFile(path, outputs, safe_mode), inputs, output_path, opset, verify, tolerance,
-                          options)
+                          calibration, options)
 
 
 def convert_checkpoint(path: str, inputs, outputs, output_path: Optional[str] = None, opset: Optional[int] = None,
-                       verify: bool = False, tolerance: float = 1e-4, safe_mode: bool = True,
+                       verify: bool = False, tolerance: float = 1e-4, safe_mode: bool = True, calibration=None,
                        **options) -> onnx.ModelProto:
     """Convert a TF1 checkpoint from its meta graph (``model.meta`` beside its variables); like
     :func:`convert_graph_def`, for the CLI's ``--checkpoint``. With ``safe_mode``, the checkpoint is
     restored only when its restore op keeps to reading the checkpoint."""
     return _convert_graph(Checkpoint(path, outputs, safe_mode), inputs, output_path, opset, verify, tolerance,
-                          options)
+                          calibration, options)
 
 
-def _convert_graph(source: Source, inputs, output_path, opset, verify, tolerance, options) -> onnx.ModelProto:
+def _convert_graph(source: Source, inputs, output_path, opset, verify, tolerance, calibration,
+                   options) -> onnx.ModelProto:
     if inputs is not None and not isinstance(inputs, dict):
         inputs = {name: None for name in ([inputs] if isinstance(inputs, str) else inputs)}
     options = Options.of(opset=opset, inputs=inputs, **options)
-    return run(source, output_path=output_path, verify=verify, tolerance=tolerance, options=options).model_proto
+    return run(source, output_path=output_path, verify=verify, tolerance=tolerance, options=options,
+               calibration=calibration).model_proto
 
 
 def report_of(model_proto: onnx.ModelProto) -> Optional[ConversionReport]:
@@ -176,12 +183,15 @@ def report_of(model_proto: onnx.ModelProto) -> Optional[ConversionReport]:
 
 # -- the one conversion path ---------------------------------------------------------------------
 def run(source: Source, *, output_path: Optional[str] = None, verify: bool = False, tolerance: float = 1e-4,
-        options: Options = Options()) -> Conversion:
+        options: Options = Options(), calibration=None) -> Conversion:
     """The one conversion road: source -> frozen graph -> tf2onnx with the rewriter -> reconciled
-    report -> loadable check -> verification (or the output shape check) -> dynamic dimensions named
+    report -> loadable check -> verification (or the output shape check) -> quantization within its budget
+    (``options.quantize``, on ``calibration``), verified against the source on that data -> dynamic dimensions named
     (:mod:`.dim_names`, from what the check measured) -> atomic save. Raises :class:`ConversionError` for
     bad input and :class:`VerificationError` when verification fails (nothing is written then)."""
     check_tolerance(tolerance)
+    if calibration is not None and not options.quantize:
+        raise ConversionError(f"{param('calibration')} is data to quantize with: give {param('quantize')} too")
     source.check()
     if output_path:
         check_output_path(output_path)
@@ -214,6 +224,8 @@ def run(source: Source, *, output_path: Optional[str] = None, verify: bool = Fal
         measured = []
     else:
         what, measured = check_output_shapes(checked, conversion)
+    if options.quantize:
+        what = _quantized(conversion, checked, calibration, options, verify, what)
     conversion.report.checked = what
     states = [name for o in conversion.report.outcomes for name in o.state_inputs if name]
     conversion.report.dimensions = name_dimensions(conversion.model_proto, measured, keras=source.kind in KERAS_KINDS,
@@ -226,6 +238,44 @@ def run(source: Source, *, output_path: Optional[str] = None, verify: bool = Fal
         conversion.written = save_model(conversion.model_proto, output_path,
                                         check_loads=not in_memory and not options.continue_on_error)
     return conversion
+
+
+def _quantized(conversion: Conversion, checked, calibration, options: Options, verify: bool, what: str) -> str:
+    """The converted model quantized within its budget (:mod:`.quantization`), checked as a converted model is,
+    and with ``verify`` compared with the source on the calibration data within that budget. Returns what was
+    checked, in one line."""
+    from .feeds import GIVEN_ROUNDS
+    from .quantization import calibration_rounds, quantize
+
+    report = conversion.report
+    names = {o.node: o.layer for o in report.outcomes if o.node}
+    model, report.quantization = quantize(conversion.model_proto, options.quantize, options.max_error, calibration,
+                                          names)
+    consumers = consumers_of(model, options.runtime, any(o.became == STEPS for o in report.outcomes))
+    report.consumers, report.runs_in, report.runtime_notes = consumers.lines, consumers.runs_in, consumers.notes
+    report.attach(model)
+    if fits_in_protobuf(model):
+        check_survives(model, _checked_feeds(model), report.outcomes)
+    check_loadable(model, options.continue_on_error)
+    conversion.model_proto = model
+    if not verify:
+        return what + f"; the quantized model's error measured on {report.quantization.data}"
+    rounds = calibration_rounds(model, calibration) if calibration is not None else None
+    token = GIVEN_ROUNDS.set(rounds)
+    try:
+        conversion.verification = checked.verify(model, report.quantization.tolerance)
+        if not conversion.verification.passed:
+            raise VerificationFailed(conversion.verification, conversion)
+        ran = ""
+        if options.runtime:
+            conversion.runtime_verification, ran = verify_in_runtime(checked, model, options.runtime,
+                                                                     report.quantization.tolerance)
+            if conversion.runtime_verification is not None and not conversion.runtime_verification.passed:
+                raise VerificationFailed(conversion.runtime_verification, conversion)
+    finally:
+        GIVEN_ROUNDS.reset(token)
+    return (what + f"; quantized, verified against {conversion.verification.reference} on "
+            f"{report.quantization.data} within {report.quantization.tolerance:.3g}" + (f"; {ran}" if ran else ""))
 
 
 def freeze(source: Source, options: Options) -> Frozen:

@@ -23,7 +23,7 @@ import traceback
 from typing import Optional, Sequence
 
 from . import api, sources, training
-from .errors import ConversionError, first_line
+from .errors import ConversionError, first_line, param
 from .options import RUNTIME_TARGETS, Options, check_tolerance
 from .output import check_output_path, save_model
 from .shape_check import ShapeCheckFailed
@@ -53,6 +53,17 @@ def _tolerance(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
     except ConversionError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
+    return value
+
+
+def _max_error(text: str) -> float:
+    """A quantization's budget: a number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text}")
     return value
 
 
@@ -137,6 +148,16 @@ def build_parser() -> argparse.ArgumentParser:
                         help="run the ONNX model in onnxruntime against TensorFlow before writing it")
     parser.add_argument("--tolerance", type=_tolerance, default=1e-4, metavar="FLOAT",
                         help="max abs error --verify accepts (default: %(default)g)")
+    parser.add_argument("--quantize", choices=("weights", "dynamic"),
+                        help="int8: 'weights' stores weights in int8 (float compute, every runtime), 'dynamic' "
+                             "computes LSTM and Dense layers with onnxruntime's integer kernels too; each layer only "
+                             "as far as --max-error allows on the calibration data")
+    parser.add_argument("--calibration", metavar="FILE.npz",
+                        help="data to quantize with: an .npz of one array (the model's one input) or of one array "
+                             "per input name (default: seeded random inputs)")
+    parser.add_argument("--max-error", "--max_error", dest="max_error", type=_max_error, default=None,
+                        metavar="FRACTION", help="a quantization's budget: each output's largest error relative to "
+                                                 "its largest magnitude (default: 0.02)")
     parser.add_argument("--no-check-shapes", "--no_check_shapes", dest="check_shapes", action="store_false",
                         help="skip the default check (without --verify) that the ONNX model's output shapes are "
                              "TensorFlow's on two small random inputs")
@@ -267,7 +288,8 @@ def _options(args: argparse.Namespace) -> Options:
                       target=_targets(args),
                       check_shapes=args.check_shapes,
                       extra_opset=args.extra_opset,
-                      inputs_as_nchw=args.inputs_as_nchw, outputs_as_nchw=args.outputs_as_nchw)
+                      inputs_as_nchw=args.inputs_as_nchw, outputs_as_nchw=args.outputs_as_nchw,
+                      quantize=args.quantize, max_error=args.max_error)
 
 
 def _targets(args: argparse.Namespace):
@@ -296,11 +318,12 @@ def run(args: argparse.Namespace) -> int:
     source = _source(args)
     if args.training_artifacts:
         training.training_build()  # before converting: nothing is written without it
+    calibration = read_calibration(args.calibration) if args.calibration else None
     import_tensorflow(args.debug)
     options = _options(args)
     try:
         conversion = api.run(source, output_path=None if args.training_artifacts else args.output,
-                             verify=args.verify, tolerance=args.tolerance, options=options)
+                             verify=args.verify, tolerance=args.tolerance, options=options, calibration=calibration)
     except (api.VerificationFailed, ShapeCheckFailed) as failure:
         print(failure.conversion.report.table(args.runtime_notes))
         print(failure.result.table())
@@ -319,6 +342,23 @@ def run(args: argparse.Namespace) -> int:
         print("wrote training artifacts " + ", ".join(os.path.basename(f) for f in written))
     print("wrote " + " and ".join(conversion.written))
     return EXIT_OK
+
+
+def read_calibration(path: str):
+    """An .npz of calibration data, read without running anything it holds (no pickled objects): its one
+    array, or input name -> array."""
+    import numpy as np
+
+    if not os.path.isfile(path):
+        raise ConversionError(f"{param('calibration')} file not found: {path}")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {key: data[key] for key in data.files}
+    except (ValueError, OSError, EOFError) as error:
+        raise ConversionError(f"{param('calibration')} {path} is not an .npz of arrays: {first_line(error)}") from None
+    if not arrays:
+        raise ConversionError(f"{param('calibration')} {path} holds no array")
+    return next(iter(arrays.values())) if len(arrays) == 1 else arrays
 
 
 def verified_summary(result) -> str:

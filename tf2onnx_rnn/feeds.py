@@ -5,6 +5,7 @@ takes them NHWC (both read from the model's report).
 """
 from __future__ import annotations
 
+import contextvars
 from typing import Optional
 
 import numpy as np
@@ -16,6 +17,8 @@ from .report import ConversionReport
 # (batch size, time: the size of dimension 1) of each verification round; every later dynamic
 # dimension takes a size of its own (:func:`round_sizes`), so no two dynamic dimensions are alike
 ROUNDS = ((2, 5), (3, 9))
+# the rounds a check feeds where they are given rather than random: a quantized model's calibration data
+GIVEN_ROUNDS: contextvars.ContextVar = contextvars.ContextVar("tf2onnx_rnn_given_rounds", default=None)
 
 
 def round_sizes(batch: int, time: int, rank: int = 8) -> dict:
@@ -39,12 +42,13 @@ def onnx_input_specs(model_proto: onnx.ModelProto, defaulted: bool = False) -> l
 
 
 def feed_rounds(model_proto: onnx.ModelProto, seed: int, inputs: Optional[list]) -> tuple:
-    """(the specs of the inputs a check feeds, its rounds of arrays in their order): ``inputs``, or one
-    round of seeded random arrays per :data:`ROUNDS` entry. A streamed model's state inputs are fed apart
-    (:func:`feeds_of`)."""
+    """(the specs of the inputs a check feeds, its rounds of arrays in their order): ``inputs``, or the rounds
+    :data:`GIVEN_ROUNDS` holds, or one round of seeded random arrays per :data:`ROUNDS` entry. A streamed
+    model's state inputs are fed apart (:func:`feeds_of`)."""
     state_inputs, _ = streamed_states(model_proto)
     specs = [spec for spec in onnx_input_specs(model_proto) if spec[0] not in state_inputs]
-    rounds = [inputs] if inputs is not None else [
+    given = GIVEN_ROUNDS.get()
+    rounds = [inputs] if inputs is not None else list(given) if given is not None else [
         random_inputs(specs, seed + i, round_sizes(batch, time)) for i, (batch, time) in enumerate(ROUNDS)]
     return specs, rounds
 

@@ -18,6 +18,7 @@ import onnx
 
 from .errors import ConversionError, param
 from .probes import check_opset
+from .quantization import MAX_ERROR, check_mode
 from .rewriters.runtimes import BY_KEY, RUNTIMES, Runtime
 
 PORTABLE = "portable"  # this package's own target: masked layers without a computed sequence_lens
@@ -60,6 +61,8 @@ class Options:
     custom_op_handlers: Optional[dict] = None
     custom_rewriter: tuple = ()
     optimizers: Optional[dict] = None
+    quantize: Optional[str] = None  # "weights" or "dynamic" (tf2onnx_rnn.quantization)
+    max_error: float = MAX_ERROR  # a quantization's budget: each output's largest error relative to its magnitude
 
     @property
     def defaults_states(self) -> bool:
@@ -99,6 +102,8 @@ class Options:
         given["extra_opset"] = tuple(extra_opsets(given.get("extra_opset", ())))
         given["inputs"] = input_shapes(given.get("inputs"))
         given["custom_rewriter"] = tuple(given.get("custom_rewriter", ()))
+        check_mode(given.get("quantize"), given.get("max_error"), BY_KEY[runtimes[0]] if runtimes else None,
+                   TRAINING in targets)
         return cls(target=tuple(t for t in targets if t not in OWN_TARGETS),
                    portable=PORTABLE in targets or bool(runtimes), runtime=BY_KEY[runtimes[0]] if runtimes else None,
                    training=TRAINING in targets, onnxruntime=ONNXRUNTIME in targets, **given)

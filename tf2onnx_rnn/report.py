@@ -12,7 +12,8 @@ from typing import Optional
 
 from .rewriters.outcome import LOOP, REMOVED, SCAN, STEPS, UNROLLED, Outcome
 
-__all__ = ["LOOP", "METADATA_KEY", "REMOVED", "SCAN", "STEPS", "UNROLLED", "ConversionReport", "LoopOutcome"]
+__all__ = ["LOOP", "METADATA_KEY", "REMOVED", "SCAN", "STEPS", "UNROLLED", "ConversionReport", "LayerRow",
+           "LoopOutcome", "QuantizationReport"]
 
 METADATA_KEY = "tf2onnx_rnn.report"
 
@@ -37,6 +38,55 @@ class LoopOutcome(Outcome):
         return row if isinstance(row, cls) else cls(**asdict(row))
 
 
+@dataclass(frozen=True)
+class LayerRow:
+    """One quantizable layer of a quantized model: its precision and why it is not further."""
+
+    layer: str
+    op: str
+    precision: str  # "float", "int8 weights, float compute" or "int8 (integer compute in onnxruntime)"
+    why: str = ""
+
+    @property
+    def int8(self) -> bool:
+        return self.precision != "float"
+
+
+@dataclass
+class QuantizationReport:
+    """What a quantization did (``quantize=``): each layer's precision, each output's error, the sizes."""
+
+    mode: str
+    max_error: float  # the budget: each output's largest error relative to its largest magnitude
+    data: str  # what the errors were measured on
+    layers: list = field(default_factory=list)  # LayerRow
+    errors: list = field(default_factory=list)  # (output, largest abs error, relative to its largest magnitude)
+    scales: list = field(default_factory=list)  # each output's largest magnitude on that data (float model)
+    float_bytes: int = 0
+    bytes: int = 0
+
+    def lines(self) -> list:
+        int8 = [row for row in self.layers if row.int8]
+        lines = [f"quantized ({self.mode}): {len(int8)} of {len(self.layers)} layer(s) int8, "
+                 f"{self.bytes / 1024:.1f} KB (float {self.float_bytes / 1024:.1f} KB); largest error against the "
+                 f"float model on {self.data} (budget {self.max_error:.2%} of each output's largest magnitude):"]
+        lines += [f"  output {name}: {error:.3g} ({relative:.2%})" for name, error, relative in self.errors]
+        lines += [f"  {row.layer} ({row.op}): {row.precision}" + (f" ({row.why})" if row.why else "")
+                  for row in self.layers]
+        return lines
+
+    @property
+    def tolerance(self) -> float:
+        """The absolute tolerance of a check against the source: the budget times the smallest of the
+        outputs' largest magnitudes."""
+        return self.max_error * min([s for s in self.scales if s > 0] or [1.0])
+
+    @classmethod
+    def from_dict(cls, stored: dict) -> "QuantizationReport":
+        return cls(**{**stored, "layers": [LayerRow(**row) for row in stored["layers"]],
+                      "errors": [tuple(e) for e in stored["errors"]]})
+
+
 @dataclass
 class ConversionReport:
     """Every recurrent loop's row, reconciled with the written model (printed by the command line,
@@ -50,6 +100,7 @@ class ConversionReport:
     consumers: tuple = ()  # closing lines: where it runs, the targets for the others, silent errors (consumers.py)
     runs_in: tuple = ()  # the keys of the runtimes of the table that compute the model as written
     runtime_notes: tuple = ()  # for each other runtime, why it does not compute the model as written (on request)
+    quantization: Optional[QuantizationReport] = None  # what quantize= did
 
     @property
     def fused(self) -> list:
@@ -114,7 +165,8 @@ class ConversionReport:
         lines = ["  ".join(cell.ljust(width) for cell, width in zip(row[:4], widths)) + "  " + row[4]
                  for row in rows]
         lines.insert(1, "  ".join("-" * w for w in widths) + "  " + "-" * 7)
-        return "\n".join(lines + [self.summary()] + ([self.checked] if self.checked else [])
+        quantized = self.quantization.lines() if self.quantization else []
+        return "\n".join(lines + [self.summary()] + quantized + ([self.checked] if self.checked else [])
                          + ([f"dimensions: {self.dimensions}"] if self.dimensions else []) + self.notes()
                          + ([f"note: {line}" for line in self.runtime_notes] if runtime_notes else []))
 
@@ -131,7 +183,8 @@ class ConversionReport:
                            "checked": self.checked, "nchw_inputs": list(self.nchw_inputs),
                            "nchw_outputs": list(self.nchw_outputs), "dimensions": self.dimensions,
                            "consumers": list(self.consumers), "runs_in": list(self.runs_in),
-                           "runtime_notes": list(self.runtime_notes)})
+                           "runtime_notes": list(self.runtime_notes),
+                           "quantization": asdict(self.quantization) if self.quantization else None})
 
     @classmethod
     def from_json(cls, text: str) -> "ConversionReport":
@@ -141,7 +194,8 @@ class ConversionReport:
                     for item in stored["loops"]], stored.get("checked", ""), tuple(stored.get("nchw_inputs", ())),
                    tuple(stored.get("nchw_outputs", ())), stored.get("dimensions", ""),
                    tuple(stored.get("consumers", ())), tuple(stored.get("runs_in", ())),
-                   tuple(stored.get("runtime_notes", ())))
+                   tuple(stored.get("runtime_notes", ())),
+                   QuantizationReport.from_dict(stored["quantization"]) if stored.get("quantization") else None)
 
     def attach(self, model_proto) -> None:
         """Store the report in ``model_proto.metadata_props`` (replacing an earlier one)."""

@@ -1,0 +1,164 @@
+"""Calibration data: the user's inputs as rounds a converted model is fed, and what its weights meet on them.
+
+``calibration`` is an array (the model's one input), a dict of input name -> array, or a list of such dicts
+(one round each); arrays are in the source's layout. They are cut into rounds the model takes (a fixed batch:
+rounds of that batch) and cast to the inputs' types. :func:`moments` runs the float model on them and sums, for
+each weight of a quantizable unit, ``x^T x`` of what the weight multiplies: the inputs of a recurrent node at
+the steps each row keeps, its own output of the step before, a MatMul's first input.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import onnx
+
+from .errors import ConversionError, param
+from .feeds import feeds_of, nchw, onnx_input_specs, streamed_states, transposed
+
+ROWS_PER_ROUND = 128  # rows of a dynamic batch fed at once
+
+
+def calibration_rounds(model_proto: onnx.ModelProto, calibration) -> list:
+    """The rounds (arrays in the order of the inputs a check feeds) of ``calibration``; a
+    :class:`ConversionError` in one line for data the model cannot take."""
+    state_inputs, _ = streamed_states(model_proto)
+    specs = [spec for spec in onnx_input_specs(model_proto) if spec[0] not in state_inputs]
+    nchw_inputs, _ = transposed(model_proto)
+    given = calibration if isinstance(calibration, (list, tuple)) else [calibration]
+    if not given:
+        raise ConversionError(f"{param('calibration')} holds no data")
+    rounds = []
+    for entry in given:
+        arrays = [_array(entry, name, len(specs)) for name, _, _ in specs]
+        arrays = [nchw(a) if name in nchw_inputs else a for (name, _, _), a in zip(specs, arrays)]
+        rows = {len(a) for a in arrays}
+        if len(rows) != 1 or 0 in rows:
+            raise ConversionError(f"{param('calibration')}: every input needs the same number of rows, at least one; "
+                                  f"got {sorted(rows)}")
+        for (name, shape, dtype), array in zip(specs, arrays):
+            _check_shape(name, shape, array)
+        rounds.extend(_cut([a.astype(dtype, copy=False) for a, (_, _, dtype) in zip(arrays, specs)],
+                           specs[0][1][0] if specs and specs[0][1] else None))
+    return rounds
+
+
+def _array(entry, name: str, inputs: int) -> np.ndarray:
+    if isinstance(entry, dict):
+        for key in (name, name.split(":")[0], name + ":0"):
+            if key in entry:
+                return np.asarray(entry[key])
+        raise ConversionError(f"{param('calibration')} gives no data for the input {name!r}; it gives "
+                              f"{', '.join(map(str, entry)) or 'nothing'}")
+    if inputs != 1:
+        raise ConversionError(f"{param('calibration')}: the model has {inputs} inputs: give a dict of input name -> "
+                              "array (or a list of them)")
+    array = np.asarray(entry)
+    if array.dtype == object:
+        raise ConversionError(f"{param('calibration')} is not an array of numbers")
+    return array
+
+
+def _check_shape(name: str, shape: list, array: np.ndarray) -> None:
+    if array.ndim != len(shape) or any(d is not None and d != a for d, a in zip(shape[1:], array.shape[1:])):
+        raise ConversionError(f"{param('calibration')} input {name!r} has shape {list(array.shape)}; the model takes "
+                              f"{['?' if d is None else d for d in shape]}")
+
+
+def _cut(arrays: list, batch: Optional[int]) -> list:
+    """Rounds of a fixed ``batch`` (the rows past the last whole one dropped, at least one round), or of at most
+    :data:`ROWS_PER_ROUND` rows."""
+    rows = len(arrays[0])
+    size = batch or ROWS_PER_ROUND
+    if batch and rows < batch:
+        raise ConversionError(f"{param('calibration')} has {rows} rows; the model takes a fixed batch of {batch}")
+    stops = range(0, rows - (rows % size if batch else 0), size)
+    return [[a[start:start + size] for a in arrays] for start in stops]
+
+
+def session(model_proto: onnx.ModelProto):
+    """An onnxruntime session of the model on one thread, its failures not logged (they are raised)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.log_severity_level = 4
+    return ort.InferenceSession(model_proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def outputs(model_proto: onnx.ModelProto, rounds: list) -> list:
+    """Every output of the model over all rounds: one array each, the rounds' rows end to end where the
+    output has a batch axis (else the rounds' arrays stacked)."""
+    runner = session(model_proto)
+    specs = [s for s in onnx_input_specs(model_proto) if s[0] not in streamed_states(model_proto)[0]]
+    results = [runner.run(None, feeds_of(model_proto, specs, arrays)) for arrays in rounds]
+    return [np.concatenate([np.reshape(r[k], (-1,)) for r in results]) for k in range(len(results[0]))]
+
+
+def moments(model_proto: onnx.ModelProto, units: list, rounds: list) -> dict:
+    """Weight name -> ``[H, ...]`` (one per direction of a recurrent weight): the second moments of what the
+    weight multiplies over ``rounds``. A weight whose input is not in the main graph has none."""
+    taps = []
+    for unit in units:
+        for weight in unit.weights:
+            if weight.meets:
+                taps.append(weight.meets)
+        node = _node(model_proto, unit.node) if unit.hidden else None
+        if node is not None and len(node.input) > 4 and node.input[4]:
+            taps.append(node.input[4])
+    if not taps:
+        return {}
+    tapped = onnx.ModelProto()
+    tapped.CopyFrom(model_proto)
+    known = {o.name for o in tapped.graph.output}
+    tapped.graph.output.extend([onnx.helper.make_empty_tensor_value_info(name) for name in dict.fromkeys(taps)
+                                if name not in known])
+    runner = session(tapped)
+    specs = [s for s in onnx_input_specs(model_proto) if s[0] not in streamed_states(model_proto)[0]]
+    sums: dict = {}
+    for arrays in rounds:
+        values = dict(zip([o.name for o in runner.get_outputs()], runner.run(None, feeds_of(model_proto, specs,
+                                                                                           arrays))))
+        for unit in units:
+            for weight in unit.weights:
+                if weight.meets in values:
+                    found = _unit_moments(model_proto, unit, weight, values)
+                    sums[weight.name] = found if weight.name not in sums else \
+                        [a + b for a, b in zip(sums[weight.name], found)]
+    return sums
+
+
+def _node(model_proto: onnx.ModelProto, name: str) -> Optional[onnx.NodeProto]:
+    return next((n for n in model_proto.graph.node if (n.name or n.output[0]) == name), None)
+
+
+def _unit_moments(model_proto: onnx.ModelProto, unit, weight, values: dict) -> list:
+    met = np.asarray(values[weight.meets], np.float64)
+    if not unit.hidden:  # a MatMul's first input: every row of its last axis
+        rows = met.reshape(-1, met.shape[-1])
+        return [rows.T @ rows]
+    node = _node(model_proto, unit.node)
+    lengths = values.get(node.input[4]) if len(node.input) > 4 and node.input[4] else None
+    steps = met.shape[0]
+    batch = met.shape[1] if not weight.recurrent else met.shape[2]
+    kept = np.arange(steps)[:, None] < (np.asarray(lengths)[None, :] if lengths is not None else steps)
+    kept = np.broadcast_to(kept, (steps, batch))
+    if not weight.recurrent:  # X [T, B, I], the same for every direction
+        rows = met[kept]
+        return [rows.T @ rows] * (2 if _direction(node) == "bidirectional" else 1)
+    found = []
+    for d in range(met.shape[1]):  # Y [T, D, B, H]: the state a step starts from, at the steps each row keeps
+        y = met[:, d]
+        backward = d == 1 or _direction(node) == "reverse"
+        before = np.concatenate([y[1:], np.zeros_like(y[:1])]) if backward else \
+            np.concatenate([np.zeros_like(y[:1]), y[:-1]])
+        rows = before[kept]
+        found.append(rows.T @ rows)
+    return found
+
+
+def _direction(node: onnx.NodeProto) -> str:
+    for a in node.attribute:
+        if a.name == "direction":
+            return a.s.decode()
+    return "forward"

@@ -1,0 +1,145 @@
+"""Quantizing a converted model within an error budget (``quantize=``): the driver.
+
+The units of the written model (``rewriters.written.quantize.units``) each go as far as the mode allows
+(``weights``: int8 weights, float compute; ``dynamic``: onnxruntime's integer kernels where it has them, int8
+weights elsewhere), rounded with the calibration data's second moments where given. The model is then measured
+against the float conversion on that data (or, without it, on the verification's seeded random rounds): each
+output's largest error relative to its largest magnitude must stay within ``max_error``. Past it, the unit
+whose own quantization costs most steps down one precision (integer -> weights -> float), and the model is
+measured again, until it fits. The report names every unit's precision, checked against the written ops.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+import numpy as np
+import onnx
+
+from .calibration import calibration_rounds, moments, outputs
+from .errors import ConversionError, param
+from .feeds import check_feeds, onnx_input_specs, streamed_states
+from .report import LayerRow, QuantizationReport
+
+logger = logging.getLogger("tf2onnx_rnn")
+
+MODES = ("weights", "dynamic")
+# the largest output error a quantization may cost, relative to the output's largest magnitude on the data:
+# the bundled Japanese Vowels models quantized by TFLite's dynamic range are 1.8-3.4% off (docs/quantization.md)
+MAX_ERROR = 0.02
+
+
+class OverBudget(ConversionError):
+    """No layer can be quantized within the budget: the quantization asked for is refused."""
+
+    exit_code = 1  # the command line's status for a failed check, not bad input
+
+
+def check_mode(quantize: Optional[str], max_error=None, row=None, training: bool = False) -> None:
+    """Refuse, in one line, a mode or budget (None: not given) that cannot be, or a mode the target's runtime does
+    not compute."""
+    if quantize is None:
+        if max_error is not None:
+            raise ConversionError(f"{param('max_error')} is a quantization's budget: give {param('quantize')} too")
+        return
+    max_error = MAX_ERROR if max_error is None else max_error
+    if quantize not in MODES:
+        raise ConversionError(f"unknown {param('quantize')} {quantize!r}; known: {', '.join(MODES)}")
+    if isinstance(max_error, bool) or not isinstance(max_error, (int, float)) or not 0 < max_error < float("inf"):
+        raise ConversionError(f"{param('max_error')} must be a number > 0, got {max_error!r}")
+    if training:
+        raise ConversionError(f"{param('quantize')} and the training target exclude each other (training updates "
+                              "float weights)")
+    if quantize == "dynamic" and row is not None and "com.microsoft" not in row.domains:
+        raise ConversionError(f"{param('quantize')} 'dynamic' writes onnxruntime's integer kernels, which {row.name} "
+                              f"does not compute: quantize 'weights' for it")
+
+
+def quantize(model_proto: onnx.ModelProto, mode: str, max_error: float, calibration, layer_names: dict) -> tuple:
+    """(the quantized model, its :class:`QuantizationReport`). ``layer_names``: a recurrent node's name -> its
+    layer's."""
+    from .rewriters.written.quantize import forms
+    from .rewriters.written.quantize.forms import Precision
+    from .rewriters.written.quantize.rounding import rounded
+    from .rewriters.written.quantize.units import hoisted, units_of
+
+    model_proto = hoisted(model_proto)  # a step's weights are the main graph's: stored once, dequantized once
+    units = units_of(model_proto)
+    if not units:
+        raise ConversionError(f"{param('quantize')}: the model holds no weight to quantize (no recurrent node, "
+                              "MatMul, Gemm or Conv reads a float constant of 256 values or more)")
+    if calibration is not None:
+        rounds, data = calibration_rounds(model_proto, calibration), "the calibration data"
+        held = moments(model_proto, units, rounds)
+    else:
+        rounds, data, held = _random_rounds(model_proto), "seeded random inputs (no calibration data given)", {}
+    rows = sum(len(r[0]) for r in rounds)
+    data += f" ({rows} row{'s' * (rows != 1)})"
+    stored = {w.name: rounded(_value(model_proto, w.name), (0, w.channel_axis) if w.per_direction
+                              else (w.channel_axis,), w.contracted_axis, held.get(w.name))
+              for unit in units for w in unit.weights}
+    top = {u.name: Precision.INTEGER if mode == "dynamic" and u.integer else Precision.WEIGHTS for u in units}
+    reference = outputs(model_proto, rounds)
+
+    def measured(chosen: dict) -> tuple:
+        model = forms.written(model_proto, units, chosen, stored)
+        got = outputs(model, rounds)
+        return model, [_relative(g, r) for g, r in zip(got, reference)]
+
+    chosen = dict(top)
+    model, errors = measured(chosen)
+    alone: dict = {}
+    while max(e for _, e in errors) > max_error and any(p > Precision.FLOAT for p in chosen.values()):
+        if not alone:  # each unit's own cost: the model with it alone at its top precision
+            alone = {u.name: max(e for _, e in measured({u.name: top[u.name]})[1]) for u in units}
+        worst = max((name for name, p in chosen.items() if p > Precision.FLOAT), key=lambda n: (alone[n], chosen[n]))
+        chosen[worst] = Precision(chosen[worst] - 1)
+        model, errors = measured(chosen)
+    if all(p == Precision.FLOAT for p in chosen.values()):
+        raise OverBudget(f"{param('quantize')}: no layer stays within {param('max_error')} {max_error:g} in int8 "
+                              f"(alone, the least costly is {min(alone.values()):.2%} off on {data}): the model "
+                              "stays float; raise the budget to quantize it")
+    for unit in units:  # the report's claims, read back from the written ops
+        why = forms.int8_held(model, unit, chosen[unit.name]) if chosen[unit.name] > Precision.FLOAT else ""
+        if why:
+            raise RuntimeError(f"{unit.name} would be reported {chosen[unit.name].words}, but {why}")
+    report = QuantizationReport(mode, max_error, data, float_bytes=model_proto.ByteSize(), bytes=model.ByteSize(),
+                                scales=[float(np.max(np.abs(r))) if np.size(r) else 0.0 for r in reference])
+    names = [o.name for o in model.graph.output]
+    report.errors = [(names[k], abs_error, relative) for k, (abs_error, relative) in enumerate(errors)]
+    for unit in units:
+        precision = chosen[unit.name]
+        why = "" if precision == top[unit.name] else (
+            f"{alone.get(unit.name, 0):.2%} off alone at {top[unit.name].words}: past the budget with the others")
+        if precision == Precision.WEIGHTS and top[unit.name] == Precision.WEIGHTS and mode == "dynamic":
+            why = "onnxruntime has no integer kernel for it"
+        report.layers.append(LayerRow(_layer(unit, layer_names), unit.op, precision.words, why))
+    logger.info("tf2onnx_rnn: %s", "; ".join(report.lines()))
+    return model, report
+
+
+def _value(model_proto: onnx.ModelProto, name: str) -> np.ndarray:
+    return onnx.numpy_helper.to_array(next(t for t in model_proto.graph.initializer if t.name == name))
+
+
+def _relative(got: np.ndarray, want: np.ndarray) -> tuple:
+    """(largest abs error, relative to the largest magnitude); NaN or Inf where the float model has none is
+    past every budget."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    if got.shape != want.shape or np.any(~np.isfinite(got) & np.isfinite(want)):
+        return float("inf"), float("inf")
+    error = float(np.max(np.abs(got - want))) if got.size else 0.0
+    scale = float(np.max(np.abs(want))) if want.size else 0.0
+    return error, error / scale if scale > 0 else (0.0 if error == 0 else float("inf"))
+
+
+def _random_rounds(model_proto: onnx.ModelProto) -> list:
+    specs = [s for s in onnx_input_specs(model_proto) if s[0] not in streamed_states(model_proto)[0]]
+    return [[feeds[name] for name, _, _ in specs] for feeds in check_feeds(model_proto)]
+
+
+def _layer(unit, layer_names: dict) -> str:
+    if unit.node in layer_names:
+        return layer_names[unit.node]
+    parts = [p for p in unit.name.split("/") if p]
+    return parts[-2] if len(parts) > 2 else unit.name
