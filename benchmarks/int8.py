@@ -1,472 +1,579 @@
-"""int8 quantization of converted Keras recurrent models: accuracy, size and speed per recipe.
+"""int8 quantization of trained recurrent classifiers: ours (``quantize=``) against onnxruntime's and TFLite's.
 
-    python benchmarks/int8.py                     # results in benchmarks/results/int8.md
-    python benchmarks/int8.py --quick --out /tmp  # fewer timing rounds and training steps
+    python benchmarks/int8.py                      # results in benchmarks/results/int8.md and int8.json
+    python benchmarks/int8.py --quick              # few epochs, short timing, into a temporary directory
+    python benchmarks/int8.py --kinds LSTM GRU     # some of the models only
 
-Part 1 (recipes). Three Keras 3 models, one per kind, x [B, 50, 16] -> Dense(64, relu) ->
-LSTM / GRU / SimpleRNN(128) -> Dense(10), in two weight states: as initialised by Keras
-(glorot_uniform kernels, orthogonal recurrent kernels) with small biases N(0, 0.05), and after
-a few hundred Adam steps on a toy task (classify the frequency of noisy sinusoids). Inputs are
-the task's standardised signals (|x| < 4). Each model is converted with ``convert_keras`` and
-quantized with onnxruntime's tools by several recipes. For each: max and mean absolute error
-and top-1 agreement against Keras ``model(x, training=False)`` on 256 held-out sequences run in
-batches of 16 (dynamic quantization takes its activation ranges from the batch), the model
-file size, and the median latency at batch 1 and 16 relative to the float model (onnxruntime,
-one intra-op thread, all recipes of one model interleaved round by round in one process).
+Data: the bundled UCI Japanese Vowels set (examples/data; CC BY 4.0): 12 LPC channels, 7 to 29 steps,
+zero-padded after each utterance to 29, nine speakers to tell apart; 270 utterances train, 370 test.
 
-Part 2 (attribution). A plain LSTM(128, return_sequences=True) on x [16, 50, 16] ~ N(0, 1)
-with weights from Keras's init up to random N(0, sigma). The error of onnxruntime's
-DynamicQuantizeLSTM is compared with a numpy model of that kernel in which each rounding
-(W and R per tensor or per channel, X per tensor over the whole sequence, H per step) can be
-switched on alone, to tell which rounding causes the error and how it grows over time.
+Models (Keras 3, seeded, trained on the train split): Input((None, 12)) -> Masking(0.0) -> LSTM(128), GRU(128),
+SimpleRNN(128) or Bidirectional(GRU(64)) -> Dense(9) logits; Adam, sparse cross-entropy from the logits, a fixed
+number of epochs per kind (``RECIPES``). Their float test accuracy is reported beside each variant's.
+
+Variants of each model, each run on the 370 test utterances and compared with Keras ``model(x, training=False)``
+(accuracy, share of rows whose argmax agrees with Keras, largest absolute logit error, that error relative to the
+largest |logit|, and the serialized file's size):
+
+- ours float, weights and dynamic: ``convert_keras(model)``, and with ``quantize="weights"`` / ``"dynamic"`` and
+  ``calibration=x_train`` (default budget); the report's precision per layer is recorded. The ONNX variants run
+  the test set as one batch of 370 rows in onnxruntime (dynamic quantization takes its activation ranges from
+  that batch);
+- onnxruntime's ``quantize_dynamic(weight_type=QInt8)`` applied to our float model, what users do today;
+- TFLite, from a batch-1 model of fixed length 29 wrapping the trained one, run row by row in
+  ``tf.lite.Interpreter`` (one thread): float (no optimization: the reference of the format), dynamic-range
+  int8 (``Optimize.DEFAULT``), and full integer, int8 ops (``TFLITE_BUILTINS_INT8``) and 16x8 activations
+  (``EXPERIMENTAL_TFLITE_BUILTINS_ACTIVATIONS_INT16_WEIGHTS_INT8``), both calibrated on train rows and keeping
+  float input and output. The last two are known to crash the converter on masked recurrent models, so they are
+  converted and run in a child process each (this script with ``--tflite-child``), with a timeout: a crash is
+  recorded with its signal and whether the converter or the interpreter took it down.
+
+Latency: random normal inputs [B, 100, 12] (T = 100, every step kept), B = 1 and 16, for ours float, weights and
+dynamic and onnxruntime's quantize_dynamic. onnxruntime (CPUExecutionProvider, 1 intra-op and 1 inter-op thread)
+runs the models above. OpenVINO (CPU plugin, 1 inference thread, 1 stream, f32 inference precision) runs, as the
+package advises for it, the portable form (``target="portable"``: its CPU plugin ignores a computed
+``sequence_lens`` under dynamic shapes) of ours float and weights and quantize_dynamic of that float model; ours
+dynamic has no portable form (the target refuses it), so OpenVINO gets the default one, whose com.microsoft ops
+it may or may not load; on these inputs, with no step padded, it is exact. Every runner is warmed up, then all
+runners of one model and batch are timed interleaved, round by round (each a block of calls of about ``--block``
+seconds); reported are the median per call, and the ratio to ours float of the same layer in the same runtime as
+the median of the rounds' ratios (the two ran back to back in each round). The machine may be shared: its load
+average at the start and the end is recorded.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
+import json
 import logging
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.join(REPO, "examples", "data"))
 
+import japanese_vowels  # noqa: E402
 import numpy as np  # noqa: E402
 
-TIME, FEATURES, EMBED, HIDDEN, CLASSES = 50, 16, 64, 128, 10
-EVAL_SAMPLES, EVAL_BATCH = 256, 16
-KINDS = ("LSTM", "GRU", "SimpleRNN")
-RECURRENT_OPS = ("LSTM", "GRU", "RNN")
-NATIVE = {"LSTM": "LSTM", "GRU": "GRU", "SimpleRNN": "RNN"}
-INT_OPS = ("DynamicQuantizeLSTM", "MatMulInteger", "DynamicQuantizeMatMul", "MatMulIntegerToFloat",
-           "QLinearMatMul", "QGemm")
+KINDS = ("LSTM", "GRU", "SimpleRNN", "BiGRU")
+LABELS = {"LSTM": "LSTM(128)", "GRU": "GRU(128)", "SimpleRNN": "SimpleRNN(128)", "BiGRU": "Bidirectional(GRU(64))"}
+# (learning rate, epochs, clipnorm) per kind, batch 32, seed 0: chosen for a float test accuracy of about 0.95
+# within well under a minute of training on 2 cores; SimpleRNN trains unsteadily at 0.003, hence its slower rate
+RECIPES = {"LSTM": (0.003, 15, None), "GRU": (0.003, 25, None), "SimpleRNN": (0.001, 30, 1.0),
+           "BiGRU": (0.003, 30, None)}
+SEED, BATCH_SIZE = 0, 32
+TIME, BATCHES = 100, (1, 16)  # latency inputs [B, TIME, 12]
+
+VARIANTS = {  # key -> what the tables call it
+    "keras": "Keras float (reference)",
+    "ours_float": "ours float",
+    "ours_weights": "ours quantize=\"weights\"",
+    "ours_dynamic": "ours quantize=\"dynamic\"",
+    "ort_dynamic": "onnxruntime quantize_dynamic(QInt8) of ours float",
+    "tflite_float": "TFLite float",
+    "tflite_dynamic": "TFLite dynamic range int8",
+    "tflite_int8": "TFLite full integer int8",
+    "tflite_16x8": "TFLite 16x8",
+}
+ONNX_VARIANTS = ("ours_float", "ours_weights", "ours_dynamic", "ort_dynamic")
+CHILD_MODES = ("int8", "16x8")  # the TFLite modes converted and run in a child process
+INT8_OPS = ("DynamicQuantizeLSTM", "MatMulInteger", "DynamicQuantizeMatMul", "MatMulIntegerToFloat",
+            "QLinearMatMul", "QGemm", "DequantizeLinear", "ConvInteger")
+SHORT_PRECISION = {"float": "float", "int8 weights, float compute": "int8 weights",
+                   "int8 (integer compute in onnxruntime)": "int8 compute"}
 
 
-# -- data and models -------------------------------------------------------------------------
-def toy_data(n: int, rng: np.random.Generator):
-    """Noisy sinusoids whose frequency (one of CLASSES) is the label, standardised."""
-    labels = rng.integers(0, CLASSES, n)
-    freq = 0.02 + 0.015 * labels
-    steps = np.arange(TIME)[None, :, None]
-    phase = rng.uniform(0, 2 * np.pi, (n, 1, FEATURES))
-    amp = rng.uniform(0.5, 1.5, (n, 1, FEATURES))
-    x = amp * np.sin(2 * np.pi * freq[:, None, None] * steps + phase) + rng.normal(0, 0.3, (n, TIME, FEATURES))
-    return (x / x.std()).astype(np.float32), labels
+# -- data, models -------------------------------------------------------------------------------------------------
+def vowels(split: str) -> tuple:
+    x, _, y = japanese_vowels.load(split)
+    return x, y
 
 
-def small_biases(model, rng: np.random.Generator, std: float = 0.05):
-    for var in model.weights:
-        if var.path.endswith("bias"):
-            var.assign(rng.normal(0, std, tuple(var.shape)).astype(np.float32))
-
-
-def classifier(kind: str, seed: int):
+def train(kind: str, quick: bool) -> tuple:
+    """(the trained Keras model, seconds of training, epochs)."""
     import keras
 
-    keras.utils.set_random_seed(seed)
-    inp = keras.Input((TIME, FEATURES))
-    h = keras.layers.Dense(EMBED, activation="relu")(inp)
-    h = getattr(keras.layers, kind)(HIDDEN)(h)
-    model = keras.Model(inp, keras.layers.Dense(CLASSES)(h))
-    small_biases(model, np.random.default_rng(seed))
-    return model
+    rate, epochs, clipnorm = RECIPES[kind]
+    epochs = min(epochs, 3) if quick else epochs
+    keras.utils.set_random_seed(SEED)
+    inputs = keras.Input((None, japanese_vowels.CHANNELS), name="x")
+    hidden = keras.layers.Masking(0.0, name="masking")(inputs)
+    if kind == "BiGRU":
+        recurrent = keras.layers.Bidirectional(keras.layers.GRU(64), name="recurrent")
+    else:
+        recurrent = getattr(keras.layers, kind)(128, name="recurrent")
+    model = keras.Model(inputs, keras.layers.Dense(japanese_vowels.CLASSES, name="dense")(recurrent(hidden)))
+    optimizer = keras.optimizers.Adam(rate, **({"clipnorm": clipnorm} if clipnorm else {}))
+    model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    x, y = vowels("train")
+    start = time.perf_counter()
+    model.fit(x, y, epochs=epochs, batch_size=BATCH_SIZE, shuffle=True, verbose=0)
+    return model, time.perf_counter() - start, epochs
 
 
-def train(model, steps: int, seed: int) -> None:
-    import keras
-
-    x, y = toy_data(64 * steps, np.random.default_rng(seed + 1))
-    model.compile(keras.optimizers.Adam(3e-3), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    model.fit(x, y, batch_size=64, epochs=1, verbose=0)
-
-
-def keras_out(model, x: np.ndarray) -> np.ndarray:
-    return np.asarray(model(x, training=False))
+def scores(logits: np.ndarray, reference: np.ndarray, labels: np.ndarray) -> dict:
+    """Accuracy, agreement with the reference's argmax and the largest logit error (absolute, and relative to
+    the reference's largest |logit|)."""
+    logits, reference = np.asarray(logits, np.float64), np.asarray(reference, np.float64)
+    error = float(np.max(np.abs(logits - reference)))
+    return {"accuracy": float(np.mean(logits.argmax(1) == labels)),
+            "agreement": float(np.mean(logits.argmax(1) == reference.argmax(1))),
+            "max_abs_error": error, "relative_error": error / float(np.max(np.abs(reference)))}
 
 
-# -- quantization recipes --------------------------------------------------------------------
-class _Calibration:
-    """CalibrationDataReader over realistic inputs (the task's training distribution)."""
-
-    def __init__(self, name: str, x: np.ndarray, batch: int = 32):
-        self._feeds = iter([{name: x[i:i + batch]} for i in range(0, len(x), batch)])
-
-    def get_next(self):
-        return next(self._feeds, None)
-
-
-def recipes(calibration: np.ndarray):
-    from onnxruntime.quantization import QuantFormat, QuantType, quantize_dynamic, quantize_static
-
-    def dyn(**kw):
-        return lambda src, dst, _name: quantize_dynamic(src, dst, **kw)
-
-    def static(src, dst, name):
-        quantize_static(src, dst, _Calibration(name, calibration), quant_format=QuantFormat.QDQ, per_channel=True,
-                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
-
-    return {
-        "dynamic, default (QInt8, per tensor)": dyn(weight_type=QuantType.QInt8),
-        "dynamic, per_channel=True": dyn(per_channel=True),
-        "dynamic, reduce_range=True": dyn(reduce_range=True),
-        "dynamic, weight_type=QUInt8": dyn(weight_type=QuantType.QUInt8),
-        "dynamic, MatMul/Gemm only": dyn(op_types_to_quantize=["MatMul", "Gemm"]),
-        "dynamic, MatMul/Gemm only, per_channel": dyn(op_types_to_quantize=["MatMul", "Gemm"], per_channel=True),
-        "dynamic, recurrent node only": dyn(op_types_to_quantize=["LSTM", "GRU", "RNN"]),
-        "dynamic, recurrent node only, per_channel": dyn(op_types_to_quantize=["LSTM", "GRU", "RNN"],
-                                                         per_channel=True),
-        "static QDQ, per_channel (calibrated)": static,
-    }
-
-
-def describe_ops(model) -> tuple[str, str]:
-    """(integer ops, float compute ops left) of a (quantized) model."""
-    producers = {out: node for node in model.graph.node for out in node.output}
-    quantized, left = Counter(), Counter()
-    for node in model.graph.node:
-        if node.op_type in INT_OPS:
-            quantized[node.op_type] += 1
-        elif node.op_type in RECURRENT_OPS + ("MatMul", "Gemm"):
-            weight = producers.get(node.input[1]) if len(node.input) > 1 else None
-            if weight is not None and weight.op_type == "DequantizeLinear":
-                quantized[node.op_type + " (QDQ)"] += 1
-            else:
-                left[node.op_type] += 1
-
-    def text(counter):
-        return ", ".join(f"{op}" + (f" x{n}" if n > 1 else "") for op, n in sorted(counter.items())) or "-"
-
-    return text(quantized), text(left)
-
-
-# -- measuring -------------------------------------------------------------------------------
-def session(path: str):
+# -- ONNX variants ------------------------------------------------------------------------------------------------
+def ort_session(model_bytes: bytes):
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     options.inter_op_num_threads = 1
-    return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(model_bytes, options, providers=["CPUExecutionProvider"])
 
 
-def run_batched(sess, x: np.ndarray, batch: int = EVAL_BATCH) -> np.ndarray:
-    name = sess.get_inputs()[0].name
-    return np.concatenate([sess.run(None, {name: x[i:i + batch]})[0] for i in range(0, len(x), batch)])
+def ort_quantize_dynamic(float_bytes: bytes) -> bytes:
+    """onnxruntime's own dynamic quantization (int8 weights, QInt8) of a float model, as bytes."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    with tempfile.TemporaryDirectory() as directory:
+        source, target = os.path.join(directory, "float.onnx"), os.path.join(directory, "int8.onnx")
+        with open(source, "wb") as stream:
+            stream.write(float_bytes)
+        quantize_dynamic(source, target, weight_type=QuantType.QInt8)
+        with open(target, "rb") as stream:
+            return stream.read()
 
 
-def medians(sessions: dict, x: np.ndarray, rounds: int, warmup: int = 20) -> dict:
-    """Median seconds per run of each session, all sessions interleaved round by round."""
-    feeds = {key: {s.get_inputs()[0].name: x} for key, s in sessions.items()}
-    times = {key: [] for key in sessions}
-    order = list(sessions)
-    for r in range(warmup + rounds):
-        if r % 2:
-            order.reverse()
-        for key in order:
-            start = time.perf_counter()
-            sessions[key].run(None, feeds[key])
-            if r >= warmup:
-                times[key].append(time.perf_counter() - start)
-    return {key: statistics.median(v) for key, v in times.items()}
-
-
-@dataclass
-class Row:
-    kind: str
-    weights: str
-    recipe: str
-    int_ops: str = ""
-    float_ops: str = ""
-    max_err: float = float("nan")
-    mean_err: float = float("nan")
-    rel_err: float = float("nan")  # max abs error / max abs Keras output
-    agree: float = float("nan")
-    size_kb: float = float("nan")
-    ms: dict = field(default_factory=dict)  # batch -> median ms
-    error: str = ""
-
-
-def convert_native(model, kind: str, path: str) -> None:
-    """Convert with this package and insist on the native node: a Loop would measure something else."""
+def int8_ops(model_bytes: bytes) -> dict:
+    """The integer (or int8-weight) op types in a model's main graph, counted."""
     import onnx
 
-    from tf2onnx_rnn import convert_keras
-
-    convert_keras(model, output_path=path)
-    ops = {node.op_type for node in onnx.load(path).graph.node}
-    if NATIVE[kind] not in ops:
-        raise RuntimeError(f"{kind} was not converted to a native {NATIVE[kind]} node (ops: {sorted(ops)})")
+    model = onnx.load_from_string(model_bytes)
+    return dict(sorted(Counter(n.op_type for n in model.graph.node if n.op_type in INT8_OPS).items()))
 
 
-def measure_model(kind: str, weights: str, model, x_eval, calibration, rounds: int, workdir: str) -> list:
-    import onnx
+def onnx_variants(model, x_train: np.ndarray) -> tuple:
+    """(variant -> serialized model or the line saying why there is none, variant -> what its report or graph
+    says is int8, variant -> the quantization report as a dict). Beside the four variants, the portable form's
+    float and weights models and onnxruntime's quantize_dynamic of its float one (keys ending ``_portable``), for
+    OpenVINO: its CPU plugin ignores a computed ``sequence_lens`` under dynamic shapes (docs/downstream.md)."""
+    from tf2onnx_rnn import convert_keras, report_of
+    from tf2onnx_rnn.errors import ConversionError
 
-    ref = keras_out(model, x_eval)
-    base = os.path.join(workdir, f"{kind}-{weights}".replace(" ", "_"))
-    float_path = base + ".onnx"
-    convert_native(model, kind, float_path)
-    input_name = onnx.load(float_path).graph.input[0].name
-    paths = {"float (no quantization)": float_path}
-    rows = {}
-    for i, (recipe, quantize) in enumerate(recipes(calibration).items()):
-        path = f"{base}.q{i}.onnx"
-        try:
-            with contextlib.redirect_stdout(sys.stderr):
-                quantize(float_path, path, input_name)
-            paths[recipe] = path
-        except Exception as exc:  # a recipe the tools refuse is a result too
-            rows[recipe] = Row(kind, weights, recipe, error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:80]}")
-    sessions = {}
-    for recipe, path in paths.items():
-        row = Row(kind, weights, recipe)
-        row.int_ops, row.float_ops = describe_ops(onnx.load(path))
-        row.size_kb = os.path.getsize(path) / 1024
-        try:
-            sessions[recipe] = session(path)
-        except Exception as exc:
-            row.error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:80]}"
-            rows[recipe] = row
-            continue
-        out = run_batched(sessions[recipe], x_eval)
-        diff = np.abs(out - ref)
-        row.max_err, row.mean_err = float(diff.max()), float(diff.mean())
-        row.rel_err = row.max_err / float(np.abs(ref).max())
-        row.agree = float(np.mean(out.argmax(-1) == ref.argmax(-1)))
-        rows[recipe] = row
-    for batch in (1, 16):
-        for recipe, seconds in medians(sessions, x_eval[:batch], rounds).items():
-            rows[recipe].ms[batch] = seconds * 1e3
-    order = list(paths) + [r for r in rows if r not in paths]
-    return [rows[r] for r in order]
+    models, int8, reports = {}, {}, {}
+    for suffix, target in (("", None), ("_portable", "portable")):
+        models["ours_float" + suffix] = convert_keras(model, target=target).SerializeToString()
+        for mode in ("weights", "dynamic") if not target else ("weights",):
+            key = f"ours_{mode}{suffix}"
+            try:
+                proto = convert_keras(model, target=target, quantize=mode, calibration=x_train)
+            except ConversionError as error:  # over the budget: refused
+                models[key] = f"refused: {str(error).splitlines()[0]}"
+                continue
+            models[key] = proto.SerializeToString()
+            report = report_of(proto).quantization
+            reports[key] = {"layers": [{"layer": r.layer, "op": r.op, "precision": r.precision, "why": r.why}
+                                       for r in report.layers],
+                            "errors": [list(e) for e in report.errors], "data": report.data,
+                            "max_error": report.max_error, "bytes": report.bytes, "float_bytes": report.float_bytes}
+            int8[key] = ", ".join(f"{r.layer} {r.op}: {SHORT_PRECISION.get(r.precision, r.precision)}"
+                                  for r in report.layers)
+        models["ort_dynamic" + suffix] = ort_quantize_dynamic(models["ours_float" + suffix])
+    ops = int8_ops(models["ort_dynamic"])
+    int8["ort_dynamic"] = ", ".join(f"{op} x{n}" if n > 1 else op for op, n in ops.items()) or "nothing"
+    return models, int8, reports
 
 
-# -- part 2: a numpy model of DynamicQuantizeLSTM ---------------------------------------------
-def _round(v):
-    return np.rint(v)  # round half to even, as onnxruntime's quantizers
+def run_onnx(model_bytes: bytes, x: np.ndarray) -> np.ndarray:
+    session = ort_session(model_bytes)
+    return session.run(None, {session.get_inputs()[0].name: x})[0]
 
 
-def fake_weights(w: np.ndarray, per_channel: bool, qmax: int = 127) -> np.ndarray:
-    """Symmetric int8 weights as onnxruntime's LSTMQuant stores them; channels = gate units (columns of a
-    Keras kernel, rows of ONNX W/R)."""
-    absmax = np.abs(w).max(axis=0, keepdims=True) if per_channel else np.abs(w).max()
-    scale = np.where(absmax == 0, 1.0, absmax / qmax)
-    return np.clip(_round(w / scale), -qmax, qmax) * scale
-
-
-def fake_activation(a: np.ndarray) -> np.ndarray:
-    """uint8 per-tensor quantization of a GEMM input, as the kernel does at run time (range includes 0)."""
-    lo, hi = min(float(a.min()), 0.0), max(float(a.max()), 0.0)
-    scale = (hi - lo) / 255 if hi > lo else 1.0
-    zero = float(np.clip(_round(-lo / scale), 0, 255))
-    return (np.clip(_round(a / scale) + zero, 0, 255) - zero) * scale
-
-
-def numpy_lstm(x, kernel, recurrent, bias, wq=None, per_channel=False, qx=False, qh=False):
-    """Keras LSTM forward (gates i, f, c, o) with optional int8 roundings; returns [B, T, H]."""
-    sig = lambda v: 1 / (1 + np.exp(-v))  # noqa: E731
-    if wq:
-        kernel, recurrent = fake_weights(kernel, per_channel), fake_weights(recurrent, per_channel)
-    batch, steps, _ = x.shape
-    hidden = recurrent.shape[0]
-    xs = x.transpose(1, 0, 2).reshape(steps * batch, -1)  # one GEMM over all steps, as the kernel
-    zx = (fake_activation(xs) if qx else xs) @ kernel
-    zx = zx.reshape(steps, batch, -1)
-    h = np.zeros((batch, hidden))
-    c = np.zeros((batch, hidden))
-    out = []
-    for t in range(steps):
-        z = zx[t] + (fake_activation(h) if qh else h) @ recurrent + bias
-        i, f, g, o = np.split(z, 4, axis=-1)
-        c = sig(f) * c + sig(i) * np.tanh(g)
-        h = sig(o) * np.tanh(c)
-        out.append(h)
-    return np.stack(out, axis=1)
-
-
-ATTRIBUTION_CASES = (  # (weights: None = Keras init, else std of random normal weights; input std)
-    (None, 1.0), (None, 5.0), (0.1, 1.0), (0.2, 1.0), (0.3, 1.0), (0.4, 1.0), (0.5, 1.0), (1.0, 1.0))
-
-
-def attribution(workdir: str, cases=ATTRIBUTION_CASES) -> list:
+# -- TFLite variants ----------------------------------------------------------------------------------------------
+def tflite_convert(model, mode: str, x_train: np.ndarray) -> bytes:
+    """A TFLite flatbuffer of ``model`` at batch 1 and the data's fixed length, in ``mode``: "float", "dynamic"
+    (dynamic-range int8), "int8" (full integer, int8 ops) or "16x8" (int16 activations, int8 weights)."""
     import keras
-    from onnxruntime.quantization import quantize_dynamic
+    import tensorflow as tf
 
-    rng = np.random.default_rng(7)
-    x1 = rng.standard_normal((16, TIME, FEATURES)).astype(np.float32)
+    inputs = keras.Input((japanese_vowels.STEPS, japanese_vowels.CHANNELS), batch_size=1)
+    fixed = keras.Model(inputs, model(inputs))
+    converter = tf.lite.TFLiteConverter.from_keras_model(fixed)
+    if mode != "float":
+        converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    if mode in CHILD_MODES:
+        converter.representative_dataset = lambda: ([x_train[k:k + 1]] for k in range(len(x_train)))
+        ops = tf.lite.OpsSet
+        int16 = ops.EXPERIMENTAL_TFLITE_BUILTINS_ACTIVATIONS_INT16_WEIGHTS_INT8
+        converter.target_spec.supported_ops = [ops.TFLITE_BUILTINS_INT8 if mode == "int8" else int16]
+    return converter.convert()
+
+
+def run_tflite(flatbuffer: bytes, x: np.ndarray) -> np.ndarray:
+    """The logits of every row of ``x``, one row per invocation (the model's batch is 1)."""
+    import warnings
+
+    import tensorflow as tf
+
+    with warnings.catch_warnings():  # tf.lite.Interpreter's notice that it moves to LiteRT
+        warnings.simplefilter("ignore")
+        interpreter = tf.lite.Interpreter(model_content=flatbuffer, num_threads=1)
+    interpreter.allocate_tensors()
+    source, sink = interpreter.get_input_details()[0], interpreter.get_output_details()[0]
     rows = []
-    for sigma, x_std in cases:
-        x = (x1 * x_std).astype(np.float32)
-        keras.utils.set_random_seed(3)
-        inp = keras.Input((TIME, FEATURES))
-        model = keras.Model(inp, keras.layers.LSTM(HIDDEN, return_sequences=True)(inp))
-        if sigma is None:
-            small_biases(model, np.random.default_rng(3))
-            label = "Keras init, biases N(0, 0.05)"
-        else:
-            for var in model.weights:
-                var.assign(rng.normal(0, sigma, tuple(var.shape)).astype(np.float32))
-            label = f"random N(0, {sigma})"
-        label += "" if x_std == 1.0 else f", x ~ N(0, {x_std:g})"
-        kernel, recurrent, bias = (np.asarray(v, np.float64) for v in model.layers[1].get_weights())
-        ref = keras_out(model, x)
-        path = os.path.join(workdir, "plain.onnx")
-        convert_native(model, "LSTM", path)
-        errs = {"float ONNX": np.abs(run_batched(session(path), x) - ref)}
-        for name, kw in (("ORT default", {}), ("ORT per_channel", {"per_channel": True})):
-            with contextlib.redirect_stdout(sys.stderr):
-                quantize_dynamic(path, path + ".q.onnx", **kw)
-            errs[name] = np.abs(run_batched(session(path + ".q.onnx"), x) - ref)
-        sim = {
-            "sim, all (default)": dict(wq=True, qx=True, qh=True),
-            "sim, W and R only": dict(wq=True),
-            "sim, W and R per channel only": dict(wq=True, per_channel=True),
-            "sim, X only": dict(qx=True),
-            "sim, H only": dict(qh=True),
-        }
-        for name, kw in sim.items():
-            errs[name] = np.abs(numpy_lstm(x, kernel, recurrent, bias, **kw) - ref)
-        rows.append((label, float(np.abs(kernel).max()), float(np.abs(recurrent).max()), errs))
-    return rows
+    for row in range(len(x)):
+        interpreter.set_tensor(source["index"], x[row:row + 1])
+        interpreter.invoke()
+        rows.append(np.array(interpreter.get_tensor(sink["index"])[0]))
+    return np.stack(rows)
 
 
-# -- report ----------------------------------------------------------------------------------
-def _f(v, fmt="{:.4f}"):
-    return "-" if v != v else fmt.format(v)
+CONVERTED = "tflite-child: converted"
 
 
-def cpu_name() -> str:
+def tflite_child(mode: str, keras_path: str, logits_path: str, calibration_rows: int) -> int:
+    """The child's work: load the saved model, convert it in ``mode`` (announcing on stdout when the converter is
+    through, so that a crash after it is the interpreter's), run the test rows, save their logits."""
+    import keras
+
+    model = keras.saving.load_model(keras_path)
+    flatbuffer = tflite_convert(model, mode, vowels("train")[0][:calibration_rows])
+    print(f"{CONVERTED} {len(flatbuffer)}", flush=True)
+    np.save(logits_path, run_tflite(flatbuffer, vowels("test")[0]))
+    return 0
+
+
+def tflite_in_child(model, mode: str, calibration_rows: int, timeout: float) -> tuple:
+    """(logits or None, bytes or None, what happened) of a TFLite ``mode`` converted and run in a child."""
+    with tempfile.TemporaryDirectory() as directory:
+        keras_path, logits_path = os.path.join(directory, "model.keras"), os.path.join(directory, "logits.npy")
+        model.save(keras_path)
+        command = [sys.executable, os.path.abspath(__file__), "--tflite-child", mode, keras_path, logits_path,
+                   str(calibration_rows)]
+        try:
+            child = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None, None, f"timed out after {timeout:.0f} s"
+        converted = [line for line in child.stdout.splitlines() if line.startswith(CONVERTED)]
+        size = int(converted[0].split()[-1]) if converted else None
+        stage = "the interpreter" if converted else "the converter"
+        if child.returncode < 0:
+            return None, size, f"crashes (signal {-child.returncode} in {stage})"
+        if child.returncode != 0:
+            lines = [line.strip() for line in child.stderr.splitlines() if line.strip()]
+            return None, size, f"fails in {stage}: {lines[-1][:160] if lines else f'exit {child.returncode}'}"
+        return np.load(logits_path), size, "ran"
+
+
+# -- accuracy, error, size ----------------------------------------------------------------------------------------
+def measure_model(kind: str, args) -> tuple:
+    """(the model's row of results, its ONNX variants as bytes for the latency part, the Keras model)."""
+    print(f"{kind}: training ...", file=sys.stderr, flush=True)
+    model, seconds, epochs = train(kind, args.quick)
+    x_train, _ = vowels("train")
+    x_test, y_test = vowels("test")
+    reference = np.asarray(model(x_test, training=False))
+    row = {"kind": kind, "layer": LABELS[kind], "epochs": epochs, "train_seconds": seconds,
+           "recipe": dict(zip(("learning_rate", "epochs", "clipnorm"), RECIPES[kind])), "variants": {}}
+    row["variants"]["keras"] = {**scores(reference, reference, y_test), "bytes": None, "int8": "", "status": "ran"}
+    print(f"{kind}: float accuracy {row['variants']['keras']['accuracy']:.3f} after {epochs} epochs "
+          f"({seconds:.0f} s); converting ...", file=sys.stderr, flush=True)
+    models, int8, reports = onnx_variants(model, x_train)
+    row["reports"] = reports
+    for key in ONNX_VARIANTS:
+        if isinstance(models[key], str):
+            row["variants"][key] = {"status": models[key], "bytes": None, "int8": ""}
+            continue
+        logits = run_onnx(models[key], x_test)
+        row["variants"][key] = {**scores(logits, reference, y_test), "bytes": len(models[key]),
+                                "int8": int8.get(key, ""), "status": "ran"}
+    for mode in ("float", "dynamic"):
+        print(f"{kind}: TFLite {mode} ...", file=sys.stderr, flush=True)
+        try:
+            flatbuffer = tflite_convert(model, mode, x_train)
+        except Exception as error:  # noqa: BLE001 - a converter's refusal is a result
+            row["variants"][f"tflite_{mode}"] = {"status": f"fails: {str(error).splitlines()[0][:160]}",
+                                                 "bytes": None, "int8": ""}
+            continue
+        logits = run_tflite(flatbuffer, x_test)
+        row["variants"][f"tflite_{mode}"] = {**scores(logits, reference, y_test), "bytes": len(flatbuffer),
+                                             "int8": "", "status": "ran"}
+    rows = args.calibration_rows
+    for mode in CHILD_MODES:
+        print(f"{kind}: TFLite {mode} in a child process ...", file=sys.stderr, flush=True)
+        logits, size, status = tflite_in_child(model, mode, rows, args.child_timeout)
+        measured = scores(logits, reference, y_test) if logits is not None else {}
+        row["variants"][f"tflite_{mode}"] = {**measured, "bytes": size, "int8": "", "status": status,
+                                             "calibration_rows": rows}
+    return row, models, model
+
+
+# -- latency ------------------------------------------------------------------------------------------------------
+def openvino_available() -> bool:
     try:
-        with open("/proc/cpuinfo") as fh:
-            info = fh.read()
-        name = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), "")
-        flags = next((ln for ln in info.splitlines() if ln.startswith("flags")), "")
-        vnni = "VNNI" if ("avx512_vnni" in flags or "avx_vnni" in flags) else "no VNNI"
-        return f"{name or platform.processor()} ({os.cpu_count()} cores, {vnni})"
-    except OSError:
-        return platform.processor()
+        import openvino  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
-def write_report(path: str, rows: list, accuracy: dict, attrib: list, args) -> None:
+def openvino_runner(model_bytes: bytes, x: np.ndarray):
+    """A callable running the model on ``x`` in OpenVINO's CPU plugin (1 thread, 1 stream, f32), or the line
+    saying why OpenVINO does not load it."""
+    import openvino
+
+    core = openvino.Core()
+    try:
+        with tempfile.TemporaryDirectory() as directory:
+            path = os.path.join(directory, "model.onnx")
+            with open(path, "wb") as stream:
+                stream.write(model_bytes)
+            compiled = core.compile_model(core.read_model(path), "CPU", {
+                "INFERENCE_NUM_THREADS": 1, "NUM_STREAMS": 1, "INFERENCE_PRECISION_HINT": "f32"})
+    except RuntimeError as error:
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+        named = [line for line in lines if "Conversion is failed for" in line or "unsupported" in line.lower()]
+        return (named or lines or ["does not load"])[0][:160]
+    request = compiled.create_infer_request()
+
+    def run():
+        request.infer({0: x})
+        return np.array(request.get_output_tensor(0).data)
+
+    return run
+
+
+def time_block(run, seconds: float) -> float:
+    """Seconds per call over as many calls (at least 3) as fill about ``seconds``."""
+    calls, start = 0, time.perf_counter()
+    while True:
+        run()
+        calls += 1
+        elapsed = time.perf_counter() - start
+        if calls >= 3 and elapsed >= seconds:
+            return elapsed / calls
+
+
+def median_ratio(rounds: dict, a: str, b: str):
+    """``a``'s time over ``b``'s: the median of the rounds' ratios (the two ran back to back in each round)."""
+    if a not in rounds or b not in rounds:
+        return None
+    return statistics.median(x / y for x, y in zip(rounds[a], rounds[b]))
+
+
+# the models each runtime runs per variant: OpenVINO the portable form's where there is one (ours dynamic has none:
+# the portable target refuses it, so OpenVINO gets the default form, exact here only as no input step is padded)
+RUNTIME_MODELS = {"ort": {key: key for key in ONNX_VARIANTS},
+                  "ov": {"ours_float": "ours_float_portable", "ours_weights": "ours_weights_portable",
+                         "ours_dynamic": "ours_dynamic", "ort_dynamic": "ort_dynamic_portable"}}
+
+
+def time_model(kind: str, model, models: dict, batch: int, args) -> dict:
+    x = np.random.default_rng(SEED + batch).standard_normal((batch, TIME, japanese_vowels.CHANNELS))
+    x = x.astype(np.float32)
+    expected = np.asarray(model(x, training=False))
+    runners, failures = {}, {}
+    for runtime, chosen in RUNTIME_MODELS.items():
+        if runtime == "ov" and not openvino_available():
+            continue
+        for key, source in chosen.items():
+            name = f"{key}@{runtime}"
+            if isinstance(models[source], str):
+                failures[name] = models[source]
+            elif runtime == "ort":
+                session = ort_session(models[source])
+                feeds = {session.get_inputs()[0].name: x}
+                runners[name] = (lambda s, f: lambda: s.run(None, f)[0])(session, feeds)
+            else:
+                runner = openvino_runner(models[source], x)
+                runners[name] = runner if callable(runner) else None
+                if not callable(runner):
+                    failures[name] = f"does not load: {runner}"
+    runners = {name: run for name, run in runners.items() if run is not None}
+    errors = {name: float(np.max(np.abs(run() - expected))) for name, run in runners.items()}
+    for run in runners.values():  # warm-up
+        time_block(run, args.warmup)
+    rounds = {name: [] for name in runners}
+    for _ in range(args.rounds):
+        for name, run in runners.items():
+            rounds[name].append(time_block(run, args.block))
+    ms = {name: statistics.median(values) * 1e3 for name, values in rounds.items()}
+    ratios = {name: median_ratio(rounds, name, "ours_float@" + name.split("@")[1]) for name in runners}
+    return {"kind": kind, "batch": batch, "time": TIME, "ms": ms, "ratio_to_float": ratios,
+            "rounds_ms": {name: [v * 1e3 for v in values] for name, values in rounds.items()},
+            "max_abs_error": errors, "failures": failures,
+            "models": {f"{key}@{runtime}": source for runtime, chosen in RUNTIME_MODELS.items()
+                       for key, source in chosen.items()}}
+
+
+# -- the report ---------------------------------------------------------------------------------------------------
+def machine_info() -> dict:
+    import keras
+    import onnx
     import onnxruntime
     import tensorflow as tf
-    import tf2onnx
 
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError, StopIteration):
+        with open("/proc/cpuinfo") as stream:
+            cpu = next(line.split(":", 1)[1].strip() for line in stream if line.startswith("model name"))
+    info = {"platform": platform.platform(), "cpu": cpu, "cores": os.cpu_count(),
+            "python": platform.python_version(), "tensorflow": tf.__version__, "keras": keras.__version__,
+            "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__,
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+    if openvino_available():
+        import openvino
+
+        info["openvino"] = openvino.__version__
+    with contextlib.suppress(OSError):
+        info["load_average_start"] = [round(v, 2) for v in os.getloadavg()]
+    return info
+
+
+def _number(value, form: str) -> str:
+    return "-" if value is None else format(value, form)
+
+
+def accuracy_table(results: dict) -> str:
+    lines = ["| model | variant | int8 (report / graph) | accuracy | agrees with Keras | max abs logit error "
+             "| relative | size KB | size / float of its format |", "|---|---|---|---|---|---|---|---|---|"]
+    for row in results["models"]:
+        variants = row["variants"]
+        for key, label in VARIANTS.items():
+            if key not in variants:
+                continue
+            v = variants[key]
+            base = variants.get("tflite_float" if key.startswith("tflite") else "ours_float", {}).get("bytes")
+            if v["status"] != "ran":
+                size = _number(v["bytes"] / 1024, ".1f") + " (converted)" if v.get("bytes") else "-"
+                lines.append(f"| {row['layer']} | {label} | - | {v['status']} | - | - | - | {size} | - |")
+                continue
+            size_ratio = v["bytes"] / base if v["bytes"] and base else None
+            lines.append("| " + " | ".join([
+                row["layer"], label, v["int8"] or "-", f"{v['accuracy']:.3f}", f"{v['agreement']:.3f}",
+                f"{v['max_abs_error']:.2g}" if key != "keras" else "0", f"{v['relative_error']:.2%}",
+                _number(v["bytes"] / 1024 if v["bytes"] else None, ".1f"), _number(size_ratio, ".2f")]) + " |")
+    return "\n".join(lines)
+
+
+def latency_table(results: dict) -> str:
+    lines = ["| model | B | runtime | ours float | ours weights | ours dynamic | ort quantize_dynamic "
+             "| max abs error vs Keras (float / weights / dynamic / ort) |", "|---|---|---|---|---|---|---|---|"]
+    for row in results["latency"]:
+        for runtime, label in (("ort", "onnxruntime"), ("ov", "OpenVINO (portable form)")):
+            names = [f"{key}@{runtime}" for key in ONNX_VARIANTS]
+            if not any(name in row["ms"] or name in row["failures"] for name in names):
+                continue
+            cells = [LABELS[row["kind"]], str(row["batch"]), label]
+            for name in names:
+                if name in row["ms"]:
+                    ratio = row["ratio_to_float"][name]
+                    cells.append(f"{row['ms'][name]:.3f} ms" + ("" if name.startswith("ours_float@")
+                                                                 else f" ({ratio:.2f}x)"))
+                else:
+                    cells.append(row["failures"].get(name, "-"))
+            cells.append(" / ".join(_number(row["max_abs_error"].get(name), ".1g") for name in names))
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def markdown(results: dict) -> str:
+    m, s = results["machine"], results["settings"]
+    openvino = f", OpenVINO {m['openvino']}" if "openvino" in m else ", OpenVINO not installed"
+    load = f"; load average {m.get('load_average_start')} at the start, {m.get('load_average_end')} at the end"
+    floats = ", ".join(f"{row['layer']} {row['variants']['keras']['accuracy']:.3f} ({row['epochs']} epochs, "
+                       f"{row['train_seconds']:.0f} s)" for row in results["models"])
     lines = [
-        "# int8 quantization of converted recurrent models",
-        "",
-        f"Written by `python benchmarks/int8.py{' --quick' if args.quick else ''}`: onnxruntime "
-        f"{onnxruntime.__version__}, TensorFlow {tf.__version__}, tf2onnx {tf2onnx.__version__}, "
-        f"{cpu_name()}. Speed: median of {args.rounds} interleaved runs per recipe after 20 warm-up runs, "
-        "one intra-op thread, as a ratio to the float model measured in the same run (float ms in brackets). "
-        "The CPU is shared, so the ratios are indicative.",
-        "",
-        f"Models: x [B, {TIME}, {FEATURES}] -> Dense({EMBED}, relu) -> kind({HIDDEN}) -> Dense({CLASSES}). "
-        "Weights `init`: Keras's initializers (glorot_uniform, orthogonal) with biases N(0, 0.05); "
-        f"`trained`: after {args.steps} Adam steps (batch 64) on the toy task, float top-1 accuracy "
-        + ", ".join(f"{k} {v:.0%}" for k, v in accuracy.items()) + ". "
-        f"Errors: absolute, on the {CLASSES} logits, against Keras `model(x, training=False)` on "
-        f"{EVAL_SAMPLES} held-out standardised sequences run in batches of {EVAL_BATCH}; `agree` = same "
-        "argmax as Keras. `int8 ops`: what the recipe put in the graph; `float left`: recurrent and "
-        "MatMul/Gemm nodes it left in float.",
-        "",
-        "| model | weights | recipe | int8 ops | float left | max abs err | mean abs err | max err / max abs y "
-        "| agree | size KB | b1 time | b16 time |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    floats = {}
-    for row in rows:
-        if row.recipe.startswith("float"):
-            floats[(row.kind, row.weights)] = row
-    for row in rows:
-        if row.error:
-            lines.append(f"| {row.kind} | {row.weights} | {row.recipe} | failed: {row.error} | | | | | | | | |")
-            continue
-        base = floats[(row.kind, row.weights)]
-        if row is base:
-            speed = [f"1.00 ({row.ms[b]:.3f} ms)" for b in (1, 16)]
-        else:
-            speed = [f"{row.ms[b] / base.ms[b]:.2f}" for b in (1, 16)]
-        lines.append(
-            f"| {row.kind} | {row.weights} | {row.recipe} | {row.int_ops} | {row.float_ops} | "
-            f"{_f(row.max_err)} | {_f(row.mean_err, '{:.5f}')} | {_f(100 * row.rel_err, '{:.2f}%')} | "
-            f"{_f(100 * row.agree, '{:.1f}%')} | "
-            f"{row.size_kb:.0f} | {speed[0]} | {speed[1]} |")
-    names = list(attrib[0][3])
-    lines += [
-        "",
-        "## What onnxruntime does (its quantization tools and CPU kernels)",
-        "",
-        "- Dynamic quantization (`quantize_dynamic`, IntegerOps) knows Conv, MatMul, Attention, LSTM, Gather, "
-        "Transpose and EmbedLayerNormalization. There is no integer GRU or RNN: those nodes stay float whatever "
-        "the options, and so does Gemm (not in the dynamic registry; these models have none, tf2onnx emits "
-        "Dense as MatMul). Static quantization (QDQ or QOperator) has no recurrent operator at all.",
-        "- LSTM -> `com.microsoft.DynamicQuantizeLSTM`. W [D, 4H, F] and R [D, 4H, H] are quantized to "
-        "symmetric int8 whatever `weight_type` says (the LSTM quantizer hard-codes INT8), then stored "
-        "transposed as [D, F, 4H] and [D, H, 4H] for the integer GEMM. Without `per_channel` the channel axis "
-        "is the direction, so one scale covers all four gates of W (and one of R); with `per_channel` there is "
-        "one scale per gate unit (row of W/R). `reduce_range` narrows the weights to [-64, 64] (7 bits), "
-        "meant for U8S8 kernels on x86 CPUs without VNNI.",
-        "- At run time the kernel quantizes the GEMM inputs to uint8 with ranges taken from the data: X once "
-        "for the whole sequence and batch (one GEMM over all steps), H at every step over the batch. Gates, "
-        "cell state and activations stay float. The error of one step is small; what the recurrence does "
-        "with it over the sequence decides the final error (second table).",
-    ]
-    lines += [
-        "",
-        "## Where the LSTM error comes from",
-        "",
-        f"A plain `LSTM({HIDDEN}, return_sequences=True)` on x [16, {TIME}, {FEATURES}] ~ N(0, 1) unless said, all "
-        f"{TIME} outputs compared with Keras. `ORT ...`: onnxruntime's DynamicQuantizeLSTM from "
-        "`quantize_dynamic`. `sim, ...`: a numpy LSTM with onnxruntime's roundings switched on one at a time: "
-        "W and R symmetric int8 (per tensor, or per gate unit), X uint8 with one range for the whole "
-        "sequence, H uint8 with one range per step. Each cell: max abs error over all steps / at step 1. "
-        "`float ONNX` is the unquantized conversion: where it too is far from Keras, float32 rounding "
-        "differences alone are amplified by the recurrence (the weights make the LSTM chaotic).",
-        "",
-        "| weights | max abs W / R | " + " | ".join(names) + " |",
-        "|---|---|" + "---|" * len(names),
-    ]
-    for label, wmax, rmax, errs in attrib:
-        cells = [f"{e.max():.4f} / {e[:, 0].max():.4f}" for e in errs.values()]
-        lines.append(f"| {label} | {wmax:.2f} / {rmax:.2f} | " + " | ".join(cells) + " |")
-    with open(path, "w") as fh:
-        fh.write("\n".join(lines) + "\n")
+        "# int8 quantization: ours against onnxruntime's and TFLite's", "",
+        f"Written by `python benchmarks/int8.py{' --quick' if s['quick'] else ''}` on {m['date']}. Data: the UCI "
+        "Japanese Vowels set (bundled in examples/data, CC BY 4.0), 270 train and 370 test utterances of 12 "
+        "channels, zero-padded to 29 steps, 9 classes.", "",
+        f"Machine: {m['platform']}, {m['cpu']}, {m['cores']} CPUs{load}. TensorFlow {m['tensorflow']}, Keras "
+        f"{m['keras']}, onnxruntime {m['onnxruntime']}{openvino}, onnx {m['onnx']}, Python {m['python']}.", "",
+        "Models: Input((None, 12)) -> Masking(0.0) -> layer -> Dense(9) logits, Keras 3, seeded, trained with Adam "
+        f"on the train split. Float test accuracy: {floats}.", "",
+        "## Accuracy, error and size", "",
+        "On the 370 test utterances. Error: the largest absolute logit error against Keras `model(x, "
+        "training=False)`, and relative to Keras's largest |logit|. ONNX variants run in onnxruntime, the test "
+        "set as one batch; TFLite variants are a batch-1 model of fixed length 29 run row by row in "
+        f"`tf.lite.Interpreter`. Full integer and 16x8 TFLite are calibrated on {s['calibration_rows']} train rows "
+        "and converted and run in a child process. `int8`: the precision per layer our report gives, or the "
+        "integer ops onnxruntime's quantize_dynamic wrote. Size: the serialized model; the ratio is to ours float "
+        "(ONNX) or TFLite float (TFLite).", "",
+        accuracy_table(results), "",
+        "## Latency", "",
+        f"Random normal inputs [B, {TIME}, 12] (every step kept). onnxruntime: CPUExecutionProvider, 1 intra-op "
+        "thread, the models of the table above. OpenVINO: CPU, 1 inference thread, 1 stream, f32 precision; the "
+        "portable form (`target=\"portable\"`, which the package advises for OpenVINO with dynamic shapes) of ours "
+        "float and weights, and quantize_dynamic of that float model; ours dynamic has no portable form, so there "
+        "it is the default form (exact on these unpadded inputs, not on padded ones). Median ms per call over "
+        f"{s['rounds']} interleaved rounds of about {s['block']} s each, after warm-up; in brackets the median of "
+        "the rounds' ratios to ours float in the same runtime. The last column: the largest absolute error "
+        "against Keras on the timed input.", "",
+        latency_table(results)]
+    return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer timing rounds and training steps")
-    parser.add_argument("--out", default=os.path.join(HERE, "results"), help="folder for int8.md")
-    parser.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="3 epochs per model, 16 calibration rows for TFLite, 2 short timing rounds")
+    parser.add_argument("--kinds", nargs="*", choices=KINDS, default=list(KINDS), help="models (default: all)")
+    parser.add_argument("--rounds", type=int, default=15, help="interleaved timing rounds (default 15)")
+    parser.add_argument("--block", type=float, default=0.1, help="seconds per timing block (default 0.1)")
+    parser.add_argument("--warmup", type=float, default=0.2, help="seconds of warm-up per runner (default 0.2)")
+    parser.add_argument("--calibration-rows", type=int, default=270,
+                        help="train rows of TFLite's representative dataset (default 270, all)")
+    parser.add_argument("--child-timeout", type=float, default=300, help="seconds per TFLite child (default 300)")
+    parser.add_argument("--out", default=os.path.join(HERE, "results"), help="output directory")
+    parser.add_argument("--tflite-child", nargs=4, metavar=("MODE", "KERAS", "LOGITS", "ROWS"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    args.rounds, args.steps = (60, 60) if args.quick else (300, 300)
-    logging.getLogger().setLevel(logging.ERROR)  # quantize_dynamic's pre-processing advice
-    logging.getLogger("tf2onnx").setLevel(logging.ERROR)
-    logging.getLogger("tf2onnx_rnn").setLevel(logging.ERROR)
+    if args.tflite_child:
+        mode, keras_path, logits_path, rows = args.tflite_child
+        return tflite_child(mode, keras_path, logits_path, int(rows))
+    if args.quick:
+        args.rounds, args.block, args.warmup, args.calibration_rows = 2, 0.02, 0.05, 16
+        if args.out == os.path.join(HERE, "results"):  # never over the measured results
+            args.out = tempfile.mkdtemp(prefix="int8-quick-")
+    logging.getLogger("tf2onnx_rnn").setLevel(logging.WARNING)
+    import tensorflow as tf
 
-    x_eval, y_eval = toy_data(EVAL_SAMPLES, np.random.default_rng(100))
-    calibration, _ = toy_data(256, np.random.default_rng(200))
-    rows, accuracy = [], {}
-    with tempfile.TemporaryDirectory() as workdir:
-        for n, kind in enumerate(args.kinds):
-            model = classifier(kind, seed=10 + n)
-            rows += measure_model(kind, "init", model, x_eval, calibration, args.rounds, workdir)
-            print(f"{kind} init done", file=sys.stderr)
-            train(model, args.steps, seed=10 + n)
-            accuracy[kind] = float(np.mean(keras_out(model, x_eval).argmax(-1) == y_eval))
-            rows += measure_model(kind, "trained", model, x_eval, calibration, args.rounds, workdir)
-            print(f"{kind} trained done", file=sys.stderr)
-        attrib = attribution(workdir)
+    tf.get_logger().setLevel(logging.ERROR)
+    tf.config.experimental.enable_op_determinism()
+    results = {"machine": machine_info(), "settings": {
+        "quick": args.quick, "rounds": args.rounds, "block": args.block, "warmup": args.warmup,
+        "calibration_rows": args.calibration_rows, "seed": SEED, "latency_shape": ["B", TIME, 12]},
+        "models": [], "latency": []}
+    trained = []
+    for kind in args.kinds:
+        row, models, model = measure_model(kind, args)
+        results["models"].append(row)
+        trained.append((kind, model, models))
+    for kind, model, models in trained:
+        for batch in BATCHES:
+            print(f"timing {kind} B={batch} ...", file=sys.stderr, flush=True)
+            results["latency"].append(time_model(kind, model, models, batch, args))
+    with contextlib.suppress(OSError):
+        results["machine"]["load_average_end"] = [round(v, 2) for v in os.getloadavg()]
     os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, "int8.md")
-    write_report(path, rows, accuracy, attrib, args)
-    print(path)
+    with open(os.path.join(args.out, "int8.json"), "w") as stream:
+        json.dump(results, stream, indent=1)
+    text = markdown(results)
+    with open(os.path.join(args.out, "int8.md"), "w") as stream:
+        stream.write(text)
+    print(accuracy_table(results) + "\n\n" + latency_table(results))
+    print(f"\nresults: {args.out}")
     return 0
 
 

@@ -63,3 +63,17 @@ def test_streaming_notebook():
     assert "stateful; states in: gru/h_in" in text  # the stateful model streams by itself
     assert re.search(r"per-frame latency: median [0-9.]+ ms", text)
     assert "refused: " in text and "both_ways" in text
+
+
+def test_quantization_notebook():
+    text = _run("quantization.ipynb")
+    rows = dict((name, (float(accuracy), float(error), float(size))) for name, accuracy, error, size in re.findall(
+        r"\| (float|weights|dynamic|TFLite int8) \| accuracy ([0-9.]+) \| max abs error vs Keras ([0-9.e+-]+) \| "
+        r"([0-9.]+) KB \|", text))
+    assert set(rows) == {"float", "weights", "dynamic", "TFLite int8"}, text[-3000:]
+    assert rows["float"][1] < 1e-4
+    for mode in ("weights", "dynamic"):
+        accuracy, error, size = rows[mode]
+        assert accuracy >= rows["float"][0] - 0.01 and size < 0.6 * rows["float"][2], rows
+        assert error <= 1.5 * rows["TFLite int8"][1], rows  # as accurate as TFLite's own int8, give or take
+    assert "quantized (dynamic)" in text

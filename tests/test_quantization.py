@@ -202,6 +202,8 @@ def test_calibration_data_the_model_cannot_take_is_refused_in_one_line():
         assert says in str(refused.value) and "\n" not in str(refused.value), str(refused.value)
     with pytest.raises(ConversionError, match="give quantize too"):
         convert_keras(source.model, calibration=x)
+    with pytest.raises(ConversionError, match="give quantize too"):
+        convert_keras(source.model, max_error=0.1)
 
 
 def test_a_fixed_batch_takes_the_calibration_data_in_rounds_of_that_batch():

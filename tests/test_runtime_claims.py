@@ -24,8 +24,9 @@ import pytest
 
 import helpers
 import parity
-from runtime_models import FORMS, MODELS, converted
+from runtime_models import FORMS, MODELS, TARGETS, converted
 from tf2onnx_rnn import ConversionError, report_of
+from tf2onnx_rnn.consumers import consumers_of
 from tf2onnx_rnn.rewriters.runtimes import BY_KEY
 from tf2onnx_rnn.runtime_check import RuntimeSession, python_for
 
@@ -63,8 +64,9 @@ def _ran(digest: str, key: str, run) -> list:
     return _RAN[digest, key]
 
 
-def _problems(key: str, proto, x: np.ndarray, want: list, work: str) -> list:
-    """What running ``proto`` in ``key``'s runtime found against Keras's outputs (empty: it holds)."""
+def _problems(key: str, proto, x: np.ndarray, want: list, work: str, relative: float = 0.0) -> list:
+    """What running ``proto`` in ``key``'s runtime found against ``want`` (Keras's outputs) within the runtime's
+    tolerance, or ``relative`` of each output's largest magnitude where that is more (empty: it holds)."""
     row = BY_KEY[key]
     if key == "onnxruntime":
         got = helpers.ort_session(proto).run(None, {"x": x})
@@ -82,9 +84,10 @@ def _problems(key: str, proto, x: np.ndarray, want: list, work: str) -> list:
     found = []
     for k, (g, w) in enumerate(zip(got, want)):
         g = np.asarray(g)
+        allowed = max(tolerance, relative * float(np.max(np.abs(w)))) if w.size else tolerance
         if g.size != w.size:
             found.append(f"{row.name}: output {k} has shape {list(g.shape)}, Keras {list(w.shape)}")
-        elif not np.allclose(g.reshape(w.shape), w, rtol=tolerance, atol=tolerance):
+        elif not np.allclose(g.reshape(w.shape), w, rtol=tolerance, atol=allowed):
             error = float(np.nanmax(np.abs(g.reshape(w.shape) - w))) if np.isfinite(g).all() else float("nan")
             found.append(f"{row.name}: output {k} is {error:.3g} off (tolerance {tolerance:g}): silently wrong")
     return found
@@ -108,6 +111,51 @@ def test_every_runtime_the_report_names_computes_the_model_in_its_runtime(form, 
         found = run() if key == "onnxruntime" else _ran(digest, key, run)
         (missing if found and found[0].startswith("not installed") else failures).extend(found)
     assert not failures, f"{form} {name} ({flavor}): the report names {', '.join(named)}:\n- " + "\n- ".join(failures)
+    if missing and os.environ.get(REQUIRED):
+        pytest.fail("; ".join(missing))
+    if missing:
+        pytest.skip("; ".join(missing) + " (TF2ONNX_RNN_<RUNTIME>_PYTHON names an interpreter that has it)")
+
+
+QUANTIZED_FORMS = ("default", "portable") + TARGETS
+
+
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("form", QUANTIZED_FORMS)
+def test_the_weights_form_computes_in_its_runtime_wherever_the_float_form_does(form, name, tmp_path):
+    """``quantize="weights"`` keeps every runtime the float form runs in (its int8 weights are dequantized by
+    ops every runtime computes): the report names them all again, and each computes the quantized model within
+    its own tolerance of onnxruntime's run of it, which is within the budget of Keras. The quantization is the
+    API's (``quantization.quantize`` on the float form, as ``convert_keras(..., quantize="weights")`` runs it)."""
+    from tf2onnx_rnn.quantization import MAX_ERROR, quantize
+
+    x, want, proto = converted(parity.FLAVORS[0], name, form)
+    if isinstance(proto, ConversionError):
+        pytest.skip(f"refused: {proto} (test_runtime_targets checks the refusals)")
+    report = report_of(proto)
+    model, quantization = quantize(proto, "weights", MAX_ERROR, None, {})
+    row = BY_KEY.get(form)
+    steps = any(o.became == "steps" for o in report.outcomes)
+    named = [key for key in consumers_of(model, row, steps).runs_in if key not in ELSEWHERE]
+    float_named = [key for key in report.runs_in if key not in ELSEWHERE]
+    assert named == float_named, (named, float_named)
+    int8 = [r for r in quantization.layers if r.int8]
+    assert int8, quantization.lines()
+    quantized = helpers.ort_session(model).run(None, {"x": x})
+    within = _problems("onnxruntime", model, x, want, str(tmp_path), relative=2 * MAX_ERROR)
+    assert not within, f"{form} {name}: onnxruntime's run of the weights form against Keras: {within}"
+    digest, failures, missing = _digest(model, x), [], []
+    for key in named:
+        if key == "onnxruntime":
+            continue
+
+        def run(key=key):
+            return _problems(key, model, x, [np.asarray(q) for q in quantized], str(tmp_path))
+
+        found = _ran(digest, key, run)
+        (missing if found and found[0].startswith("not installed") else failures).extend(found)
+    assert not failures, f"{form} {name}, weights in int8: the report names {', '.join(named)}:\n- " + \
+        "\n- ".join(failures)
     if missing and os.environ.get(REQUIRED):
         pytest.fail("; ".join(missing))
     if missing:

@@ -138,8 +138,10 @@ def convert_tflite(path: str, output_path: Optional[str] = None, opset: Optional
     refused unless ``drop_cell_clip=True`` (the model then equals the Keras layer, which never clips); a
     layer whose kernels quantize their inputs at run time (dynamic-range quantization) stays tf2onnx's
     Loop unless ``dequantize=True`` (native nodes computing in float with the stored weights); each
-    row of the report says what its layer computes otherwise than the file."""
+    row of the report says what its layer computes otherwise than the file. With ``quantize`` such a file's
+    int8 weights are read as stored and kept in int8, on their own scales."""
     options = Options.of(opset=opset, **options)
+    dequantize = dequantize or options.quantize is not None  # its int8 weights read as stored, and kept in int8
     conversion = run(TFLite(path, drop_cell_clip, dequantize), output_path=output_path, verify=verify,
                      tolerance=tolerance, options=options, calibration=calibration)
     return conversion.model_proto
@@ -186,7 +188,8 @@ def run(source: Source, *, output_path: Optional[str] = None, verify: bool = Fal
         options: Options = Options(), calibration=None) -> Conversion:
     """The one conversion road: source -> frozen graph -> tf2onnx with the rewriter -> reconciled
     report -> loadable check -> verification (or the output shape check) -> quantization within its budget
-    (``options.quantize``, on ``calibration``), verified against the source on that data -> dynamic dimensions named
+    (``options.quantize``, on ``calibration``; then verified against the source on that data, within the budget,
+    and not the float conversion first) -> dynamic dimensions named
     (:mod:`.dim_names`, from what the check measured) -> atomic save. Raises :class:`ConversionError` for
     bad input and :class:`VerificationError` when verification fails (nothing is written then)."""
     check_tolerance(tolerance)
@@ -200,7 +203,7 @@ def run(source: Source, *, output_path: Optional[str] = None, verify: bool = Fal
     conversion = convert(frozen, options)
     in_memory = fits_in_protobuf(conversion.model_proto)
     checked = checked_source(source, frozen, conversion.keras_masks)  # cuDNN ops with no GPU: CPU ops for them
-    if verify:
+    if verify and not options.quantize:  # a quantized model is verified against the source within its budget
         if not in_memory:  # verification runs the model from memory, which protobuf caps at 2 GB
             raise ConversionError(f"{param('verify')} cannot run a model over 2 GB (protobuf's limit for a model "
                                   f"held in memory); convert without {param('verify')}: the written model is still "
@@ -260,6 +263,9 @@ def _quantized(conversion: Conversion, checked, calibration, options: Options, v
     conversion.model_proto = model
     if not verify:
         return what + f"; the quantized model's error measured on {report.quantization.data}"
+    if not fits_in_protobuf(model):
+        raise ConversionError(f"{param('verify')} cannot run a model over 2 GB (protobuf's limit for a model held in "
+                              f"memory); convert without {param('verify')}")
     rounds = calibration_rounds(model, calibration) if calibration is not None else None
     token = GIVEN_ROUNDS.set(rounds)
     try:
@@ -274,8 +280,8 @@ def _quantized(conversion: Conversion, checked, calibration, options: Options, v
                 raise VerificationFailed(conversion.runtime_verification, conversion)
     finally:
         GIVEN_ROUNDS.reset(token)
-    return (what + f"; quantized, verified against {conversion.verification.reference} on "
-            f"{report.quantization.data} within {report.quantization.tolerance:.3g}" + (f"; {ran}" if ran else ""))
+    return (f"quantized model verified against {conversion.verification.reference} on {report.quantization.data} "
+            f"within {report.quantization.tolerance:.3g}" + (f"; {ran}" if ran else ""))
 
 
 def freeze(source: Source, options: Options) -> Frozen:

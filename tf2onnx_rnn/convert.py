@@ -305,7 +305,9 @@ def _source(args: argparse.Namespace) -> sources.Source:
                             graphdef=args.graphdef, checkpoint=args.checkpoint, outputs=args.outputs,
                             signature_def=args.signature_def, tag=args.tag, concrete_function=args.concrete_function,
                             safe_mode=None if args.safe_mode else False, custom_objects=args.custom_objects,
-                            drop_cell_clip=args.drop_cell_clip or None, dequantize=args.dequantize or None)
+                            drop_cell_clip=args.drop_cell_clip or None,
+                            # a quantized TFLite file's int8 weights, read as stored, are what --quantize keeps
+                            dequantize=args.dequantize or (bool(args.quantize and args.tflite)) or None)
     source.check()
     return source
 

@@ -14,7 +14,7 @@ import onnx
 from onnx import helper
 
 from ..builder import Writer
-from ..graph import attributes, names_of, opset_of, set_nodes
+from ..graph import attributes, names_of, nodes_of, opset_of, set_nodes, subgraphs
 from .rounding import Rounded
 from .units import Unit, Weight
 
@@ -35,18 +35,37 @@ class Precision(enum.IntEnum):
                 Precision.INTEGER: "int8 (integer compute in onnxruntime)"}[self]
 
 
-def dequantized(writer: Writer, weight: Weight, rounded: Rounded) -> None:
-    """Nodes computing ``weight.name`` (a float tensor) from its int8 values and scales: a ``Cast`` and a ``Mul``.
+def dequantized(writer: Writer, weight: Weight, rounded: Rounded, bodies: list) -> None:
+    """Nodes computing ``weight.name`` (a float tensor) from its int8 values and scales, stored once in the main
+    graph: a ``Cast`` and a ``Mul`` where the main graph reads it, and in each of ``bodies`` (the subgraphs
+    reading it: a Scan's step) a ``Cast`` and a ``Mul`` of its own, which its reads then take.
 
     Every runtime computes these exactly, and onnxruntime folds them into a float constant when it loads the
     model. ``DequantizeLinear`` is what tools read as an int8 weight, but measured here onnxruntime 1.32 fuses one
     feeding a MatMul into ``MatMulNBits`` computing with int8 activations (3.5e-3 off, silently), rknn-toolkit2 2.5
-    crashes building one feeding an LSTM or GRU, and onnx2torch has no converter for it.
+    crashes building one feeding an LSTM or GRU, and onnx2torch has no converter for it. Dequantized outside a
+    Scan's step, a ConvLSTM's kernels fail OpenVINO 2026.4's conversion of the Scan.
     """
     stored = writer.tensor(rounded.values, f"{weight.name}_int8")
-    cast = writer.op("Cast", [stored], f"{weight.name}_cast", to=onnx.TensorProto.FLOAT)
-    writer.op("Mul", [cast, writer.tensor(rounded.scales, f"{weight.name}_scales")], weight.name,
-              output_names=[weight.name])
+    scales = writer.tensor(rounded.scales, f"{weight.name}_scales")
+    if any(n.name == weight.name or weight.name in n.input for n in writer.graph.node):
+        cast = writer.op("Cast", [stored], f"{weight.name}_cast", to=onnx.TensorProto.FLOAT)
+        writer.op("Mul", [cast, scales], weight.name, output_names=[weight.name])
+    for body in bodies:
+        local, cast = writer.name(f"{weight.name}_step"), writer.name(f"{weight.name}_step_cast")
+        for _, node in nodes_of(body):
+            for index, name in enumerate(node.input):
+                if name == weight.name:
+                    node.input[index] = local
+        made = [helper.make_node("Cast", [stored], [cast], name=writer.name(f"{cast}_Cast"), to=onnx.TensorProto.FLOAT),
+                helper.make_node("Mul", [cast, scales], [local], name=writer.name(f"{local}_Mul"))]
+        set_nodes(body, made + list(body.node))
+
+
+def _bodies(graph: onnx.GraphProto, name: str) -> list:
+    """The subgraphs of ``graph``'s nodes (each whole, nested ones within it) in which a node reads ``name``."""
+    return [body for node in graph.node for body in subgraphs(node)
+            if any(name in inner.input for _, inner in nodes_of(body))]
 
 
 def written(model_proto: onnx.ModelProto, units: list, chosen: dict, rounded: dict) -> onnx.ModelProto:
@@ -67,7 +86,7 @@ def written(model_proto: onnx.ModelProto, units: list, chosen: dict, rounded: di
             replaced[index] = _integer(writer, graph.node[index], unit, rounded)
         else:
             for weight in unit.weights:
-                dequantized(writer, weight, rounded[weight.name])
+                dequantized(writer, weight, rounded[weight.name], _bodies(graph, weight.name))
     dequantizing, built = list(writer.nodes), writer.initializers
     nodes = dequantizing + [n for k, node in enumerate(graph.node) for n in replaced.get(k, [node])]
     set_nodes(graph, nodes)
@@ -111,20 +130,25 @@ def _integer(writer: Writer, node: onnx.NodeProto, unit: Unit, rounded: dict) ->
 
 
 def int8_held(model_proto: onnx.ModelProto, unit: Unit, precision: Precision) -> str:
-    """Why ``unit`` is not at ``precision`` in the written model ("" where it is), read from its ops: each weight
-    computed by a ``Mul`` of a ``Cast`` of an int8 initializer, or the node an integer kernel reading int8 ones."""
+    """Why ``unit`` is not at ``precision`` in the written model ("" where it is), read from its ops: every read of
+    each weight takes a ``Mul`` of a ``Cast`` of an int8 initializer, or the node is an integer kernel reading int8
+    ones."""
     graph = model_proto.graph
     int8 = {t.name for t in graph.initializer if t.data_type == onnx.TensorProto.INT8}
-    producer = {o: n for n in graph.node for o in n.output}
+    every = list(nodes_of(graph))
+    producer = {o: n for _, n in every for o in n.output}
     if precision == Precision.INTEGER:
         kernel = producer.get(unit.output)
         if kernel is None or kernel.domain != MICROSOFT or kernel.op_type not in INTEGER_KERNELS:
             return "no integer kernel computes it"
         return "" if all(kernel.input[k] in int8 for k in ((1, 2) if unit.hidden else (1,))) else \
             "its integer kernel reads float weights"
+    by_name = {n.name or n.output[0]: n for _, n in every}
     for weight in unit.weights:
-        mul = producer.get(weight.name)
-        cast = producer.get(mul.input[0]) if mul is not None and mul.op_type == "Mul" else None
-        if cast is None or cast.op_type != "Cast" or cast.input[0] not in int8:
-            return f"{weight.name} is not computed from int8 values"
+        for reader, index in weight.readers:
+            node = by_name.get(reader)
+            mul = producer.get(node.input[index]) if node is not None and len(node.input) > index else None
+            cast = producer.get(mul.input[0]) if mul is not None and mul.op_type == "Mul" else None
+            if cast is None or cast.op_type != "Cast" or cast.input[0] not in int8:
+                return f"{weight.name} is not computed from int8 values where {reader} reads it"
     return ""

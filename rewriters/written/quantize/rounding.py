@@ -3,8 +3,9 @@ what the weight multiplies, with each column's rounding error carried into the c
 
 Carrying the error (as GPTQ does, with ``H = sum x x^T`` of the calibration data's inputs) keeps the product
 ``x W`` close to the float one on that data rather than each weight close to its own value: on the bundled
-Japanese Vowels models it brings the largest logit error of an int8 LSTM, GRU or SimpleRNN to a third to a
-half of rounding to the nearest step's. Scales are symmetric (zero point 0), ``max |w| / 127`` per channel.
+Japanese Vowels models it brings the largest logit error of an int8 LSTM, GRU or SimpleRNN to between a quarter
+and two thirds of rounding to the nearest step's. Scales are symmetric (zero point 0), ``max |w| / 127`` per
+channel; a weight on such a grid already (read from a quantized file) keeps its values and scales.
 """
 from __future__ import annotations
 
@@ -38,6 +39,9 @@ def rounded(weight: np.ndarray, channel_axes: tuple, contracted_axis: Optional[i
     others = tuple(a for a in range(weight.ndim) if a not in channel_axes)
     scales = np.max(np.abs(weight), axis=others, keepdims=True) / LIMIT
     scales = np.where(scales > 0, scales, 1.0).astype(np.float32)
+    kept = on_grid(weight, scales)
+    if kept is not None:  # quantized already (a quantized TFLite file's weights): its own values, exactly
+        return Rounded(np.rint(weight / kept).astype(np.int8), kept)
     if moments is None or contracted_axis is None:
         values = np.clip(np.rint(weight / scales), -LIMIT, LIMIT)
         return Rounded(values.astype(np.int8), scales)
@@ -53,6 +57,24 @@ def rounded(weight: np.ndarray, channel_axes: tuple, contracted_axis: Optional[i
     for direction, hessian in enumerate(moments):  # [directions, rows, inputs]: contracted last
         values[direction] = carry_errors(weight[direction], scales[direction, :, 0], hessian)
     return Rounded(values, scales)
+
+
+def on_grid(weight: np.ndarray, scales: np.ndarray) -> Optional[np.ndarray]:
+    """The scales (shaped as ``scales``: one per channel) of a symmetric int8 grid ``weight`` lies on already, or
+    None. A weight read from a quantized file keeps its values: a channel's largest value is ``m`` steps of the
+    file's scale, ``m`` 127 where the file scaled that channel alone, fewer where its scale served several (a
+    TFLite LSTM's gate: one scale per gate's tensor)."""
+    largest = scales * LIMIT
+    axes = tuple(a for a in range(weight.ndim) if scales.shape[a] == 1)
+    found = np.zeros(scales.shape, np.float32)
+    for steps in range(LIMIT, LIMIT // 2, -1):
+        trial = largest / steps
+        q = weight / trial
+        fits = np.all(np.abs(q - np.rint(q)) <= 1e-3, axis=axes, keepdims=True) & (found == 0)
+        found = np.where(fits, trial, found)
+        if np.all(found > 0):
+            return found.astype(np.float32)
+    return None
 
 
 def carry_errors(rows: np.ndarray, steps: np.ndarray, hessian: np.ndarray) -> np.ndarray:

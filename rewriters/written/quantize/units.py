@@ -6,7 +6,7 @@ A recurrent node (LSTM, GRU, RNN) is one unit of its two weights, ``W`` and ``R`
 hidden, inputs]``): one scale per direction and gate row, so no gate shares a scale with another. Any other
 float initializer read only as a MatMul's ``B`` (rank 2), a Gemm's ``B`` or a Conv's ``W``, in the graph or a
 subgraph, is a unit of its own (steps written out read one weight from every step: one unit, one set of
-scales for every step). Constants too small to be worth storing apart (:data:`SMALLEST`) stay float.
+scales for every step). Constants too small to be any layer's weights (:data:`SMALLEST`) stay float.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from ...description import RECURRENT_NODES
 from ..graph import attribute, names_of, nodes_of, slot, subgraphs
 from ..scope import fresh
 
-SMALLEST = 256  # elements: a smaller weight saves less than its scales and the nodes that dequantize it cost
+SMALLEST = 16  # elements: a smaller constant is no layer's weight (a mask's arithmetic), and saves nothing
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,7 @@ class Weight:
     per_direction: bool = False  # a recurrent node's [directions, rows, inputs]: its scales [directions, rows]
     meets: str = ""  # the tensor it multiplies, in the main graph ("" where none is there to tap)
     recurrent: bool = False  # R: it multiplies the node's own output of the step before
+    readers: tuple = ()  # (node name, input index) of every read of it, in the graph or a subgraph
 
 
 @dataclass(frozen=True)
@@ -137,9 +138,10 @@ def _recurrent(node: onnx.NodeProto, initializers: dict, slots: dict) -> Optiona
         return None
     if any(len(initializers[n].dims) != 3 for n in names):
         return None
-    weights = (Weight(names[0], 1, 2, per_direction=True, meets=node.input[0]),
+    here = node.name or node.output[0]
+    weights = (Weight(names[0], 1, 2, per_direction=True, meets=node.input[0], readers=((here, 1),)),
                Weight(names[1], 1, 2, per_direction=True, meets=node.output[0] if node.output else "",
-                      recurrent=True))
+                      recurrent=True, readers=((here, 2),)))
     return Unit(node.name or node.output[0], node.op_type, weights, node.name or node.output[0],
                 integer=node.op_type == "LSTM" and not attribute(node, "layout", 0),
                 hidden=int(attribute(node, "hidden_size", 0) or 0), output=slot(node.output, 0))
@@ -158,7 +160,8 @@ def _weight(name: str, tensor: onnx.TensorProto, readers: list) -> Optional[Weig
         return None
     channel, contracted = axes.pop()
     main = readers[0][0].input[0] if len(readers) == 1 and readers[0][2] else ""
-    return Weight(name, channel, contracted, meets=main)
+    return Weight(name, channel, contracted, meets=main,
+                  readers=tuple((node.name or node.output[0], index) for node, index, _ in readers))
 
 
 def _axes(node: onnx.NodeProto, index: int, rank: int) -> Optional[tuple]:
