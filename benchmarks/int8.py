@@ -8,8 +8,9 @@ Data: the bundled UCI Japanese Vowels set (examples/data; CC BY 4.0): 12 LPC cha
 zero-padded after each utterance to 29, nine speakers to tell apart; 270 utterances train, 370 test.
 
 Models (Keras 3, seeded, trained on the train split): Input((None, 12)) -> Masking(0.0) -> LSTM(128), GRU(128),
-SimpleRNN(128) or Bidirectional(GRU(64)) -> Dense(9) logits; Adam, sparse cross-entropy from the logits, a fixed
-number of epochs per kind (``RECIPES``). Their float test accuracy is reported beside each variant's.
+SimpleRNN(128) or Bidirectional(GRU(64)) -> Dense(9) logits; Adam with a cosine-decayed rate, sparse cross-entropy
+from the logits, a fixed number of epochs per kind (``RECIPES``). Their float test accuracy is reported beside each
+variant's.
 
 Variants of each model, each run on the 370 test utterances and compared with Keras ``model(x, training=False)``
 (accuracy, share of rows whose argmax agrees with Keras, largest absolute logit error, that error relative to the
@@ -30,15 +31,13 @@ largest |logit|, and the serialized file's size):
 
 Latency: random normal inputs [B, 100, 12] (T = 100, every step kept), B = 1 and 16, for ours float, weights and
 dynamic and onnxruntime's quantize_dynamic. onnxruntime (CPUExecutionProvider, 1 intra-op and 1 inter-op thread)
-runs the models above. OpenVINO (CPU plugin, 1 inference thread, 1 stream, f32 inference precision) runs, as the
-package advises for it, the portable form (``target="portable"``: its CPU plugin ignores a computed
-``sequence_lens`` under dynamic shapes) of ours float and weights and quantize_dynamic of that float model; ours
-dynamic has no portable form (the target refuses it), so OpenVINO gets the default one, whose com.microsoft ops
-it may or may not load; on these inputs, with no step padded, it is exact. Every runner is warmed up, then all
-runners of one model and batch are timed interleaved, round by round (each a block of calls of about ``--block``
-seconds); reported are the median per call, and the ratio to ours float of the same layer in the same runtime as
-the median of the rounds' ratios (the two ran back to back in each round). The machine may be shared: its load
-average at the start and the end is recorded.
+runs the models above. OpenVINO (CPU plugin, 1 inference thread, 1 stream, f32 inference precision) runs the same
+four in the portable form (``target="portable"``, as the package advises for OpenVINO: its CPU plugin ignores a
+computed ``sequence_lens`` under dynamic shapes), those it loads. Every runner is warmed up, then all runners of one
+model and batch are timed interleaved, round by round (each a block of calls of about ``--block`` seconds);
+reported are the median per call, and the ratio to ours float of the same layer in the same runtime as the median
+of the rounds' ratios (the two ran back to back in each round), and each runner's largest error against Keras on
+the timed input. The machine may be shared: its load average at the start and the end is recorded.
 """
 from __future__ import annotations
 
@@ -68,11 +67,11 @@ import numpy as np  # noqa: E402
 
 KINDS = ("LSTM", "GRU", "SimpleRNN", "BiGRU")
 LABELS = {"LSTM": "LSTM(128)", "GRU": "GRU(128)", "SimpleRNN": "SimpleRNN(128)", "BiGRU": "Bidirectional(GRU(64))"}
-# (learning rate, epochs, clipnorm) per kind, batch 32, seed 0: chosen for a float test accuracy of about 0.95
-# within well under a minute of training on 2 cores; SimpleRNN trains unsteadily at 0.003, hence its slower rate
-RECIPES = {"LSTM": (0.003, 15, None), "GRU": (0.003, 25, None), "SimpleRNN": (0.001, 30, 1.0),
-           "BiGRU": (0.003, 30, None)}
-SEED, BATCH_SIZE = 0, 32
+# (peak learning rate, epochs) per kind: Adam, the rate decaying to 0 on a cosine over the epochs (the last epochs'
+# accuracy then settles), gradients clipped to norm 1, batch 32, seed 0; chosen for a float test accuracy of about
+# 0.95 within well under a minute of training on 2 cores
+RECIPES = {"LSTM": (0.003, 20), "GRU": (0.003, 25), "SimpleRNN": (0.002, 30), "BiGRU": (0.003, 25)}
+SEED, BATCH_SIZE, CLIPNORM = 0, 32, 1.0
 TIME, BATCHES = 100, (1, 16)  # latency inputs [B, TIME, 12]
 
 VARIANTS = {  # key -> what the tables call it
@@ -104,7 +103,7 @@ def train(kind: str, quick: bool) -> tuple:
     """(the trained Keras model, seconds of training, epochs)."""
     import keras
 
-    rate, epochs, clipnorm = RECIPES[kind]
+    rate, epochs = RECIPES[kind]
     epochs = min(epochs, 3) if quick else epochs
     keras.utils.set_random_seed(SEED)
     inputs = keras.Input((None, japanese_vowels.CHANNELS), name="x")
@@ -114,9 +113,10 @@ def train(kind: str, quick: bool) -> tuple:
     else:
         recurrent = getattr(keras.layers, kind)(128, name="recurrent")
     model = keras.Model(inputs, keras.layers.Dense(japanese_vowels.CLASSES, name="dense")(recurrent(hidden)))
-    optimizer = keras.optimizers.Adam(rate, **({"clipnorm": clipnorm} if clipnorm else {}))
-    model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     x, y = vowels("train")
+    steps = epochs * -(-len(x) // BATCH_SIZE)
+    optimizer = keras.optimizers.Adam(keras.optimizers.schedules.CosineDecay(rate, steps), clipnorm=CLIPNORM)
+    model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     start = time.perf_counter()
     model.fit(x, y, epochs=epochs, batch_size=BATCH_SIZE, shuffle=True, verbose=0)
     return model, time.perf_counter() - start, epochs
@@ -165,16 +165,16 @@ def int8_ops(model_bytes: bytes) -> dict:
 
 def onnx_variants(model, x_train: np.ndarray) -> tuple:
     """(variant -> serialized model or the line saying why there is none, variant -> what its report or graph
-    says is int8, variant -> the quantization report as a dict). Beside the four variants, the portable form's
-    float and weights models and onnxruntime's quantize_dynamic of its float one (keys ending ``_portable``), for
-    OpenVINO: its CPU plugin ignores a computed ``sequence_lens`` under dynamic shapes (docs/downstream.md)."""
+    says is int8, variant -> the quantization report as a dict). Beside the four variants, the same four in the
+    portable form (keys ending ``_portable``), for OpenVINO: its CPU plugin ignores a computed ``sequence_lens``
+    under dynamic shapes (docs/downstream.md)."""
     from tf2onnx_rnn import convert_keras, report_of
     from tf2onnx_rnn.errors import ConversionError
 
     models, int8, reports = {}, {}, {}
     for suffix, target in (("", None), ("_portable", "portable")):
         models["ours_float" + suffix] = convert_keras(model, target=target).SerializeToString()
-        for mode in ("weights", "dynamic") if not target else ("weights",):
+        for mode in ("weights", "dynamic"):
             key = f"ours_{mode}{suffix}"
             try:
                 proto = convert_keras(model, target=target, quantize=mode, calibration=x_train)
@@ -285,7 +285,8 @@ def measure_model(kind: str, args) -> tuple:
     x_test, y_test = vowels("test")
     reference = np.asarray(model(x_test, training=False))
     row = {"kind": kind, "layer": LABELS[kind], "epochs": epochs, "train_seconds": seconds,
-           "recipe": dict(zip(("learning_rate", "epochs", "clipnorm"), RECIPES[kind])), "variants": {}}
+           "recipe": {"peak_learning_rate": RECIPES[kind][0], "schedule": "cosine decay to 0", "clipnorm": CLIPNORM,
+                      "batch_size": BATCH_SIZE}, "variants": {}}
     row["variants"]["keras"] = {**scores(reference, reference, y_test), "bytes": None, "int8": "", "status": "ran"}
     print(f"{kind}: float accuracy {row['variants']['keras']['accuracy']:.3f} after {epochs} epochs "
           f"({seconds:.0f} s); converting ...", file=sys.stderr, flush=True)
@@ -372,11 +373,8 @@ def median_ratio(rounds: dict, a: str, b: str):
     return statistics.median(x / y for x, y in zip(rounds[a], rounds[b]))
 
 
-# the models each runtime runs per variant: OpenVINO the portable form's where there is one (ours dynamic has none:
-# the portable target refuses it, so OpenVINO gets the default form, exact here only as no input step is padded)
-RUNTIME_MODELS = {"ort": {key: key for key in ONNX_VARIANTS},
-                  "ov": {"ours_float": "ours_float_portable", "ours_weights": "ours_weights_portable",
-                         "ours_dynamic": "ours_dynamic", "ort_dynamic": "ort_dynamic_portable"}}
+# the models each runtime runs per variant: onnxruntime the default form, OpenVINO the portable one
+RUNTIME_MODELS = {"ort": {key: key for key in ONNX_VARIANTS}, "ov": {key: key + "_portable" for key in ONNX_VARIANTS}}
 
 
 def time_model(kind: str, model, models: dict, batch: int, args) -> dict:
@@ -501,8 +499,8 @@ def markdown(results: dict) -> str:
         "channels, zero-padded to 29 steps, 9 classes.", "",
         f"Machine: {m['platform']}, {m['cpu']}, {m['cores']} CPUs{load}. TensorFlow {m['tensorflow']}, Keras "
         f"{m['keras']}, onnxruntime {m['onnxruntime']}{openvino}, onnx {m['onnx']}, Python {m['python']}.", "",
-        "Models: Input((None, 12)) -> Masking(0.0) -> layer -> Dense(9) logits, Keras 3, seeded, trained with Adam "
-        f"on the train split. Float test accuracy: {floats}.", "",
+        "Models: Input((None, 12)) -> Masking(0.0) -> layer -> Dense(9) logits, Keras 3, seeded, trained on the "
+        "train split (Adam, cosine-decayed rate, batch 32). Float test accuracy (Keras): " + floats + ".", "",
         "## Accuracy, error and size", "",
         "On the 370 test utterances. Error: the largest absolute logit error against Keras `model(x, "
         "training=False)`, and relative to Keras's largest |logit|. ONNX variants run in onnxruntime, the test "
@@ -516,8 +514,8 @@ def markdown(results: dict) -> str:
         f"Random normal inputs [B, {TIME}, 12] (every step kept). onnxruntime: CPUExecutionProvider, 1 intra-op "
         "thread, the models of the table above. OpenVINO: CPU, 1 inference thread, 1 stream, f32 precision; the "
         "portable form (`target=\"portable\"`, which the package advises for OpenVINO with dynamic shapes) of ours "
-        "float and weights, and quantize_dynamic of that float model; ours dynamic has no portable form, so there "
-        "it is the default form (exact on these unpadded inputs, not on padded ones). Median ms per call over "
+        "float, weights and dynamic (its com.microsoft ops included), and quantize_dynamic of that float model. "
+        "Median ms per call over "
         f"{s['rounds']} interleaved rounds of about {s['block']} s each, after warm-up; in brackets the median of "
         "the rounds' ratios to ours float in the same runtime. The last column: the largest absolute error "
         "against Keras on the timed input.", "",

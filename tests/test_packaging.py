@@ -52,11 +52,26 @@ def test_regular_install_has_the_same_layout(tmp_path):
                     "--target", str(target), ROOT], check=True, capture_output=True)
     assert (target / "tf2onnx_rnn" / "rewriters" / "cells" / "lstm.py").is_file()
     assert not (target / "rewriters").exists()
+    missing = [f"{installed}/{module}" for folder, installed in _package_folders()
+               for module in os.listdir(os.path.join(ROOT, folder)) if module.endswith(".py")
+               and not (target / installed / module).is_file()]
+    assert not missing, f"modules of the checkout the regular install lacks (a subpackage setup.cfg omits?): {missing}"
     env = dict(os.environ, PYTHONPATH=str(target), PYTHONNOUSERSITE="1")
     name, matchers, top_level, location, leaks, packages = _probe(env, isolated=True)
     assert (name, matchers, top_level) == ("tf2onnx_rnn.rewriters", MATCHERS, "None")
     assert location.startswith(str(target)), f"imported {location}, not the regular install"
     _only_rewriters(leaks, packages)
+
+
+def _package_folders() -> list:
+    """(folder of the checkout, its folder in an install) of every package the checkout holds."""
+    found = []
+    for top, installed in (("tf2onnx_rnn", "tf2onnx_rnn"), ("rewriters", "tf2onnx_rnn/rewriters")):
+        for folder, _, files in os.walk(os.path.join(ROOT, top)):
+            if "__init__.py" in files and "__pycache__" not in folder:
+                relative = os.path.relpath(folder, os.path.join(ROOT, top))
+                found.append((os.path.relpath(folder, ROOT), os.path.normpath(os.path.join(installed, relative))))
+    return found
 
 
 def test_regular_install_run_from_the_checkout(tmp_path):
