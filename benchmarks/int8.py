@@ -21,6 +21,9 @@ largest |logit|, and the serialized file's size):
   the test set as one batch of 370 rows in onnxruntime (dynamic quantization takes its activation ranges from
   that batch);
 - onnxruntime's ``quantize_dynamic(weight_type=QInt8)`` applied to our float model, what users do today;
+- the same four in the portable form (``target="portable"``), run in OpenVINO (CPU, f32) as one batch: the form
+  the package advises for OpenVINO, whose CPU plugin ignores a computed ``sequence_lens`` under dynamic shapes
+  (the default form is wrong there on padded rows), and the models the latency part times in it;
 - TFLite, from a batch-1 model of fixed length 29 wrapping the trained one, run row by row in
   ``tf.lite.Interpreter`` (one thread): float (no optimization: the reference of the format), dynamic-range
   int8 (``Optimize.DEFAULT``), and full integer, int8 ops (``TFLITE_BUILTINS_INT8``) and 16x8 activations
@@ -31,13 +34,12 @@ largest |logit|, and the serialized file's size):
 
 Latency: random normal inputs [B, 100, 12] (T = 100, every step kept), B = 1 and 16, for ours float, weights and
 dynamic and onnxruntime's quantize_dynamic. onnxruntime (CPUExecutionProvider, 1 intra-op and 1 inter-op thread)
-runs the models above. OpenVINO (CPU plugin, 1 inference thread, 1 stream, f32 inference precision) runs the same
-four in the portable form (``target="portable"``, as the package advises for OpenVINO: its CPU plugin ignores a
-computed ``sequence_lens`` under dynamic shapes), those it loads. Every runner is warmed up, then all runners of one
-model and batch are timed interleaved, round by round (each a block of calls of about ``--block`` seconds);
-reported are the median per call, and the ratio to ours float of the same layer in the same runtime as the median
-of the rounds' ratios (the two ran back to back in each round), and each runner's largest error against Keras on
-the timed input. The machine may be shared: its load average at the start and the end is recorded.
+runs the default form's models, OpenVINO (CPU plugin, 1 inference thread, 1 stream, f32 inference precision) the
+portable form's, those it loads. Every runner is warmed up, then all runners of one model and batch are timed
+interleaved, round by round (each a block of calls of about ``--block`` seconds); reported are the median per call,
+the ratio to ours float of the same layer in the same runtime as the median of the rounds' ratios (the two ran back
+to back in each round), and each runner's largest error against Keras on the timed input. The machine may be
+shared: its load average at the start and the end is recorded.
 """
 from __future__ import annotations
 
@@ -80,6 +82,10 @@ VARIANTS = {  # key -> what the tables call it
     "ours_weights": "ours quantize=\"weights\"",
     "ours_dynamic": "ours quantize=\"dynamic\"",
     "ort_dynamic": "onnxruntime quantize_dynamic(QInt8) of ours float",
+    "ours_float_portable_ov": "ours float, portable form, in OpenVINO",
+    "ours_weights_portable_ov": "ours quantize=\"weights\", portable form, in OpenVINO",
+    "ours_dynamic_portable_ov": "ours quantize=\"dynamic\", portable form, in OpenVINO",
+    "ort_dynamic_portable_ov": "onnxruntime quantize_dynamic(QInt8) of ours portable float, in OpenVINO",
     "tflite_float": "TFLite float",
     "tflite_dynamic": "TFLite dynamic range int8",
     "tflite_int8": "TFLite full integer int8",
@@ -190,8 +196,8 @@ def onnx_variants(model, x_train: np.ndarray) -> tuple:
             int8[key] = ", ".join(f"{r.layer} {r.op}: {SHORT_PRECISION.get(r.precision, r.precision)}"
                                   for r in report.layers)
         models["ort_dynamic" + suffix] = ort_quantize_dynamic(models["ours_float" + suffix])
-    ops = int8_ops(models["ort_dynamic"])
-    int8["ort_dynamic"] = ", ".join(f"{op} x{n}" if n > 1 else op for op, n in ops.items()) or "nothing"
+        ops = int8_ops(models["ort_dynamic" + suffix])
+        int8["ort_dynamic" + suffix] = ", ".join(f"{op} x{n}" if n > 1 else op for op, n in ops.items()) or "nothing"
     return models, int8, reports
 
 
@@ -299,6 +305,13 @@ def measure_model(kind: str, args) -> tuple:
         logits = run_onnx(models[key], x_test)
         row["variants"][key] = {**scores(logits, reference, y_test), "bytes": len(models[key]),
                                 "int8": int8.get(key, ""), "status": "ran"}
+    for key in ONNX_VARIANTS if openvino_available() else ():  # the portable form, where OpenVINO is exact
+        source = models[key + "_portable"]
+        run = source if isinstance(source, str) else openvino_runner(source, x_test)
+        measured = scores(run(), reference, y_test) if callable(run) else {}
+        row["variants"][key + "_portable_ov"] = {
+            **measured, "bytes": None if isinstance(source, str) else len(source),
+            "int8": int8.get(key + "_portable", ""), "status": "ran" if callable(run) else run}
     for mode in ("float", "dynamic"):
         print(f"{kind}: TFLite {mode} ...", file=sys.stderr, flush=True)
         try:
@@ -452,7 +465,9 @@ def accuracy_table(results: dict) -> str:
             if key not in variants:
                 continue
             v = variants[key]
-            base = variants.get("tflite_float" if key.startswith("tflite") else "ours_float", {}).get("bytes")
+            float_key = ("tflite_float" if key.startswith("tflite") else "ours_float_portable_ov" if key.endswith("_ov")
+                         else "ours_float")
+            base = variants.get(float_key, {}).get("bytes")
             if v["status"] != "ran":
                 size = _number(v["bytes"] / 1024, ".1f") + " (converted)" if v.get("bytes") else "-"
                 lines.append(f"| {row['layer']} | {label} | - | {v['status']} | - | - | - | {size} | - |")
@@ -504,11 +519,13 @@ def markdown(results: dict) -> str:
         "## Accuracy, error and size", "",
         "On the 370 test utterances. Error: the largest absolute logit error against Keras `model(x, "
         "training=False)`, and relative to Keras's largest |logit|. ONNX variants run in onnxruntime, the test "
-        "set as one batch; TFLite variants are a batch-1 model of fixed length 29 run row by row in "
+        "set as one batch, but for the portable form's (`target=\"portable\"`), run in OpenVINO (CPU, f32, one "
+        "batch), which the latency table times there; TFLite variants are a batch-1 model of fixed length 29 run "
+        "row by row in "
         f"`tf.lite.Interpreter`. Full integer and 16x8 TFLite are calibrated on {s['calibration_rows']} train rows "
         "and converted and run in a child process. `int8`: the precision per layer our report gives, or the "
-        "integer ops onnxruntime's quantize_dynamic wrote. Size: the serialized model; the ratio is to ours float "
-        "(ONNX) or TFLite float (TFLite).", "",
+        "integer ops onnxruntime's quantize_dynamic wrote. Size: the serialized model; the ratio is to the float "
+        "model of its form (ONNX) or TFLite float (TFLite).", "",
         accuracy_table(results), "",
         "## Latency", "",
         f"Random normal inputs [B, {TIME}, 12] (every step kept). onnxruntime: CPUExecutionProvider, 1 intra-op "
@@ -517,8 +534,10 @@ def markdown(results: dict) -> str:
         "float, weights and dynamic (its com.microsoft ops included), and quantize_dynamic of that float model. "
         "Median ms per call over "
         f"{s['rounds']} interleaved rounds of about {s['block']} s each, after warm-up; in brackets the median of "
-        "the rounds' ratios to ours float in the same runtime. The last column: the largest absolute error "
-        "against Keras on the timed input.", "",
+        "the rounds' ratios to ours float in the same runtime (on a shared machine it can differ from the ratio "
+        "of the medians). The last column: the largest absolute error against Keras on the timed input, which is "
+        "unlike the data (100 steps of N(0, 1) noise, where the utterances have at most 29): it checks that each "
+        "runner computes the model, the first table measures accuracy.", "",
         latency_table(results)]
     return "\n".join(lines) + "\n"
 
@@ -528,8 +547,8 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true",
                         help="3 epochs per model, 16 calibration rows for TFLite, 2 short timing rounds")
     parser.add_argument("--kinds", nargs="*", choices=KINDS, default=list(KINDS), help="models (default: all)")
-    parser.add_argument("--rounds", type=int, default=15, help="interleaved timing rounds (default 15)")
-    parser.add_argument("--block", type=float, default=0.1, help="seconds per timing block (default 0.1)")
+    parser.add_argument("--rounds", type=int, default=25, help="interleaved timing rounds (default 25)")
+    parser.add_argument("--block", type=float, default=0.06, help="seconds per timing block (default 0.06)")
     parser.add_argument("--warmup", type=float, default=0.2, help="seconds of warm-up per runner (default 0.2)")
     parser.add_argument("--calibration-rows", type=int, default=270,
                         help="train rows of TFLite's representative dataset (default 270, all)")

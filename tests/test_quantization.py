@@ -259,3 +259,27 @@ def test_the_command_line_quantizes_with_an_npz_and_refuses_a_pickled_one(tmp_pa
     over = run_cli("--keras", keras_file, "--output", tmp_path / "over.onnx", "--quantize", "weights",
                    "--calibration", tmp_path / "calibration.npz", "--max-error", "1e-7", cwd=tmp_path)
     assert over.returncode == 1 and "--max-error" in helpers.assert_one_error_line(over.stderr)
+
+
+def test_at_a_fixed_batch_of_one_the_lstm_keeps_float_compute_where_the_integer_kernel_is_slower():
+    from tf2onnx_rnn import convert_keras
+
+    source = trained(parity.FLAVORS[0], "LSTM")
+    x, _, _ = data("train")
+    proto = convert_keras(source.model, quantize="dynamic", calibration=x[:60], max_error=BUDGET,
+                          inputs={"x": [1, 29, 12]})
+    (row,) = [r for r in report_of(proto).quantization.layers if r.op == "LSTM"]
+    assert row.precision == "int8 weights, float compute" and "batch 1" in row.why, row
+    assert "integer" not in [kind for node, kind in int8_fed(proto).items() if "LSTM" in node], int8_fed(proto)
+    assert not check_claims(proto)
+
+
+def test_the_report_says_how_openvino_computes_int8_weights_by_default():
+    from tf2onnx_rnn import convert_keras
+
+    source = trained(parity.FLAVORS[0], "GRU")
+    x, _, _ = data("train")
+    report = report_of(convert_keras(source.model, quantize="weights", calibration=x, target="portable"))
+    assert "openvino" in report.runs_in, report.consumers
+    assert any("DYNAMIC_QUANTIZATION_GROUP_SIZE" in note for note in report.quantization.notes), report.table()
+    assert "DYNAMIC_QUANTIZATION_GROUP_SIZE" in report.table()

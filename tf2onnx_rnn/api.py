@@ -29,6 +29,7 @@ from .output import LARGE_MODEL_KEY, check_output_path, save_model
 from .probes import check_loadable, fits_in_protobuf, stamp_ir_version
 from .reconcile import reconcile, recurrent_loops, unrolled_layers
 from .report import LOOP, SCAN, STEPS, ConversionReport
+from .rewriters.runtimes import BY_KEY
 from .runtime_check import verify_in_runtime
 from .shape_check import check_output_shapes
 from .sources import Frozen, Source
@@ -105,7 +106,7 @@ def convert_keras(model, input_signature=None, opset: Optional[int] = None, outp
     ``quantize="weights"`` stores the weights in int8 (float compute), ``quantize="dynamic"`` computes LSTM and
     Dense layers with onnxruntime's integer kernels too; each layer only as far as ``calibration`` (an array, a
     dict of input name -> array, or a list of them; without it, seeded random inputs) keeps every output
-    within ``max_error`` (relative to its largest magnitude; default 0.02) of the float model, and ``verify``
+    within ``max_error`` (relative to its largest magnitude; default 0.01) of the float model, and ``verify``
     then compares with the source on that data within the same budget (:mod:`.quantization`).
     """
     options = Options.of(opset=opset, assume_post_padded=assume_post_padded, **options)
@@ -256,6 +257,8 @@ def _quantized(conversion: Conversion, checked, calibration, options: Options, v
                                           names)
     consumers = consumers_of(model, options.runtime, any(o.became == STEPS for o in report.outcomes))
     report.consumers, report.runs_in, report.runtime_notes = consumers.lines, consumers.runs_in, consumers.notes
+    report.quantization.notes = [f"{BY_KEY[key].name}: {BY_KEY[key].int8_weights}" for key in report.runs_in
+                                 if BY_KEY[key].int8_weights and any(row.int8 for row in report.quantization.layers)]
     report.attach(model)
     if fits_in_protobuf(model):
         check_survives(model, _checked_feeds(model), report.outcomes)

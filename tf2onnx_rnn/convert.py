@@ -157,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "per input name (default: seeded random inputs)")
     parser.add_argument("--max-error", "--max_error", dest="max_error", type=_max_error, default=None,
                         metavar="FRACTION", help="a quantization's budget: each output's largest error relative to "
-                                                 "its largest magnitude (default: 0.02)")
+                                                 "its largest magnitude (default: 0.01)")
     parser.add_argument("--no-check-shapes", "--no_check_shapes", dest="check_shapes", action="store_false",
                         help="skip the default check (without --verify) that the ONNX model's output shapes are "
                              "TensorFlow's on two small random inputs")

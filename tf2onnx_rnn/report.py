@@ -64,6 +64,7 @@ class QuantizationReport:
     scales: list = field(default_factory=list)  # each output's largest magnitude on that data (float model)
     float_bytes: int = 0
     bytes: int = 0
+    notes: list = field(default_factory=list)  # how a runtime the report names computes int8 weights otherwise
 
     def lines(self) -> list:
         int8 = [row for row in self.layers if row.int8]
@@ -73,7 +74,7 @@ class QuantizationReport:
         lines += [f"  output {name}: {error:.3g} ({relative:.2%})" for name, error, relative in self.errors]
         lines += [f"  {row.layer} ({row.op}): {row.precision}" + (f" ({row.why})" if row.why else "")
                   for row in self.layers]
-        return lines
+        return lines + [f"note: {note}" for note in self.notes]
 
     @property
     def tolerance(self) -> float:
