@@ -192,7 +192,8 @@ def onnx_variants(model, x_train: np.ndarray) -> tuple:
             reports[key] = {"layers": [{"layer": r.layer, "op": r.op, "precision": r.precision, "why": r.why}
                                        for r in report.layers],
                             "errors": [list(e) for e in report.errors], "data": report.data,
-                            "max_error": report.max_error, "bytes": report.bytes, "float_bytes": report.float_bytes}
+                            "max_error": report.max_error, "bytes": report.bytes, "float_bytes": report.float_bytes,
+                            "notes": list(getattr(report, "notes", []))}
             int8[key] = ", ".join(f"{r.layer} {r.op}: {SHORT_PRECISION.get(r.precision, r.precision)}"
                                   for r in report.layers)
         models["ort_dynamic" + suffix] = ort_quantize_dynamic(models["ours_float" + suffix])
@@ -507,6 +508,8 @@ def markdown(results: dict) -> str:
     load = f"; load average {m.get('load_average_start')} at the start, {m.get('load_average_end')} at the end"
     floats = ", ".join(f"{row['layer']} {row['variants']['keras']['accuracy']:.3f} ({row['epochs']} epochs, "
                        f"{row['train_seconds']:.0f} s)" for row in results["models"])
+    budgets = sorted({r["max_error"] for row in results["models"] for r in row["reports"].values()})
+    budget = f" (`max_error` {', '.join(f'{v:g}' for v in budgets)})" if budgets else ""
     lines = [
         "# int8 quantization: ours against onnxruntime's and TFLite's", "",
         f"Written by `python benchmarks/int8.py{' --quick' if s['quick'] else ''}` on {m['date']}. Data: the UCI "
@@ -523,13 +526,15 @@ def markdown(results: dict) -> str:
         "batch), which the latency table times there; TFLite variants are a batch-1 model of fixed length 29 run "
         "row by row in "
         f"`tf.lite.Interpreter`. Full integer and 16x8 TFLite are calibrated on {s['calibration_rows']} train rows "
-        "and converted and run in a child process. `int8`: the precision per layer our report gives, or the "
+        f"and converted and run in a child process. Ours quantize with the default budget{budget}, calibrated on "
+        "the 270 train rows. `int8`: the precision per layer our report gives, or the "
         "integer ops onnxruntime's quantize_dynamic wrote. Size: the serialized model; the ratio is to the float "
         "model of its form (ONNX) or TFLite float (TFLite).", "",
         accuracy_table(results), "",
         "## Latency", "",
         f"Random normal inputs [B, {TIME}, 12] (every step kept). onnxruntime: CPUExecutionProvider, 1 intra-op "
-        "thread, the models of the table above. OpenVINO: CPU, 1 inference thread, 1 stream, f32 precision; the "
+        "thread, the models of the table above. OpenVINO: CPU, 1 inference thread, 1 stream, f32 precision, its "
+        "other settings default (`DYNAMIC_QUANTIZATION_GROUP_SIZE` unset); the "
         "portable form (`target=\"portable\"`, which the package advises for OpenVINO with dynamic shapes) of ours "
         "float, weights and dynamic (its com.microsoft ops included), and quantize_dynamic of that float model. "
         "Median ms per call over "

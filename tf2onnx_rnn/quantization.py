@@ -25,11 +25,11 @@ logger = logging.getLogger("tf2onnx_rnn")
 
 MODES = ("weights", "dynamic")
 # the largest output error a quantization may cost, relative to the output's largest magnitude on the data: TFLite's
-# dynamic-range int8 of the benchmark's Japanese Vowels models is 0.96-2.7% off; within 1% on the calibration data
+# dynamic-range int8 of the benchmark's Japanese Vowels models is 0.96-2.68% off; within 1% on the calibration data
 # ours stay below it on the held-out data (benchmarks/int8.py, docs/quantization.md)
 MAX_ERROR = 0.01
-# onnxruntime's DynamicQuantizeLSTM against its float LSTM (128 units, 100 steps): 1.3x the time at batch 1, 0.8x at
-# batch 16 (benchmarks/int8.py): a model of a fixed batch of 1 keeps its LSTMs' compute float
+# onnxruntime's DynamicQuantizeLSTM against its float LSTM (128 units, 100 steps): 1.10x the time at batch 1, 1.08x
+# at 4, 0.85x at 16 (docs/performance.md#int8): a model of a fixed batch of 1 keeps its LSTMs' compute float
 SLOWER_AT_BATCH_ONE = frozenset({"LSTM"})
 
 
