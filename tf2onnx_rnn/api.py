@@ -252,7 +252,12 @@ def _quantized(conversion: Conversion, checked, calibration, options: Options, v
     from .quantization import calibration_rounds, quantize
 
     report = conversion.report
-    names = {o.node: o.layer for o in report.outcomes if o.node}
+    nodes: dict = {}  # a layer written as a node per direction (the portable form's Bidirectional): each row says which
+    for o in report.outcomes:
+        if o.node:
+            nodes.setdefault(o.layer, set()).add(o.node)
+    names = {o.node: o.layer + (f" ({o.direction})" if len(nodes[o.layer]) > 1 and o.direction else "")
+             for o in report.outcomes if o.node}
     model, report.quantization = quantize(conversion.model_proto, options.quantize, options.max_error, calibration,
                                           names)
     consumers = consumers_of(model, options.runtime, any(o.became == STEPS for o in report.outcomes))
