@@ -118,7 +118,7 @@ def test_every_runtime_the_report_names_computes_the_model_in_its_runtime(form, 
 
 
 QUANTIZED_FORMS = ("default", "portable") + TARGETS
-
+BUDGET = 0.05  # these models' random weights are 1-2% off in int8 on random inputs: every layer within it
 
 @pytest.mark.parametrize("name", MODELS)
 @pytest.mark.parametrize("form", QUANTIZED_FORMS)
@@ -126,14 +126,17 @@ def test_the_weights_form_computes_in_its_runtime_wherever_the_float_form_does(f
     """``quantize="weights"`` keeps every runtime the float form runs in (its int8 weights are dequantized by
     ops every runtime computes): the report names them all again, and each computes the quantized model within
     its own tolerance of onnxruntime's run of it, which is within the budget of Keras. The quantization is the
-    API's (``quantization.quantize`` on the float form, as ``convert_keras(..., quantize="weights")`` runs it)."""
-    from tf2onnx_rnn.quantization import MAX_ERROR, quantize
+    API's (``quantization.quantize`` on the float form, as ``convert_keras(..., quantize="weights")`` runs it).
+    A runtime with a target of its own (IREE, TVM, ncnn, rknn) runs the weights form of its target's model; the
+    default and portable forms, which every target's starts from, run in the others (their float forms' claims
+    for those runtimes are run by the test above)."""
+    from tf2onnx_rnn.quantization import quantize
 
     x, want, proto = converted(parity.FLAVORS[0], name, form)
     if isinstance(proto, ConversionError):
         pytest.skip(f"refused: {proto} (test_runtime_targets checks the refusals)")
     report = report_of(proto)
-    model, quantization = quantize(proto, "weights", MAX_ERROR, None, {})
+    model, quantization = quantize(proto, "weights", BUDGET, None, {})
     row = BY_KEY.get(form)
     steps = any(o.became == "steps" for o in report.outcomes)
     named = [key for key in consumers_of(model, row, steps).runs_in if key not in ELSEWHERE]
@@ -142,11 +145,12 @@ def test_the_weights_form_computes_in_its_runtime_wherever_the_float_form_does(f
     int8 = [r for r in quantization.layers if r.int8]
     assert int8, quantization.lines()
     quantized = helpers.ort_session(model).run(None, {"x": x})
-    within = _problems("onnxruntime", model, x, want, str(tmp_path), relative=2 * MAX_ERROR)
+    within = _problems("onnxruntime", model, x, want, str(tmp_path), relative=2 * BUDGET)
     assert not within, f"{form} {name}: onnxruntime's run of the weights form against Keras: {within}"
     digest, failures, missing = _digest(model, x), [], []
+    own_targets = {key for key in named if BY_KEY[key].target == key}
     for key in named:
-        if key == "onnxruntime":
+        if key == "onnxruntime" or (key in own_targets and key != form):
             continue
 
         def run(key=key):
