@@ -283,3 +283,24 @@ def test_the_report_says_how_openvino_computes_int8_weights_by_default():
     assert "openvino" in report.runs_in, report.consumers
     assert any("DYNAMIC_QUANTIZATION_GROUP_SIZE" in note for note in report.quantization.notes), report.table()
     assert "DYNAMIC_QUANTIZATION_GROUP_SIZE" in report.table()
+
+
+def test_an_integer_form_onnxruntime_refuses_steps_down_and_says_why(monkeypatch):
+    from tf2onnx_rnn import convert_keras
+    from tf2onnx_rnn.rewriters.written.quantize import forms
+
+    integer = forms._integer
+
+    def refused(writer, node, unit, rounded):
+        made = integer(writer, node, unit, rounded)
+        if unit.op == "LSTM":  # an attribute the kernel does not take: onnxruntime refuses the session
+            made[0].attribute.append(onnx.helper.make_attribute("no_such_attribute", 1))
+        return made
+
+    monkeypatch.setattr(forms, "_integer", refused)
+    source = trained(parity.FLAVORS[0], "LSTM")
+    x, _, _ = data("train")
+    proto = convert_keras(source.model, quantize="dynamic", calibration=x[:60], max_error=BUDGET)
+    (row,) = [r for r in report_of(proto).quantization.layers if r.op == "LSTM"]
+    assert row.precision == "int8 weights, float compute" and "onnxruntime fails on its integer form" in row.why, row
+    assert not check_claims(proto)

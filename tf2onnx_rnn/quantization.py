@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 
 from .calibration import calibration_rounds, moments, outputs
-from .errors import ConversionError, param
+from .errors import ConversionError, first_line, param
 from .feeds import check_feeds, onnx_input_specs, streamed_states
 from .report import LayerRow, QuantizationReport
 
@@ -65,13 +65,13 @@ def quantize(model_proto: onnx.ModelProto, mode: str, max_error: float, calibrat
     from .rewriters.written.quantize import forms
     from .rewriters.written.quantize.forms import Precision
     from .rewriters.written.quantize.rounding import rounded
-    from .rewriters.written.quantize.units import hoisted, units_of
+    from .rewriters.written.quantize.units import SMALLEST, hoisted, units_of
 
-    model_proto = hoisted(model_proto)  # a step's weights are the main graph's: stored once, dequantized once
+    model_proto = hoisted(model_proto)  # a step's weights are the main graph's: stored once
     units = units_of(model_proto)
     if not units:
         raise ConversionError(f"{param('quantize')}: the model holds no weight to quantize (no recurrent node, "
-                              "MatMul, Gemm or Conv reads a float constant of 256 values or more)")
+                              f"MatMul, Gemm or Conv reads a float constant of {SMALLEST} values or more)")
     if calibration is not None:
         rounds, data = calibration_rounds(model_proto, calibration), "the calibration data"
         held = moments(model_proto, units, rounds)
@@ -89,9 +89,14 @@ def quantize(model_proto: onnx.ModelProto, mode: str, max_error: float, calibrat
 
     def measured(chosen: dict) -> tuple:
         model = forms.written(model_proto, units, chosen, stored)
-        got = outputs(model, rounds)
+        try:
+            got = outputs(model, rounds)
+        except Exception as error:  # noqa: BLE001 - onnxruntime refuses a form: past every budget, and said so
+            failed.update({name: first_line(error) for name, p in chosen.items() if p == Precision.INTEGER})
+            return model, [(float("inf"), float("inf"))] * len(reference)
         return model, [_relative(g, r) for g, r in zip(got, reference)]
 
+    failed: dict = {}  # units whose integer form onnxruntime refused -> why
     chosen = dict(top)
     model, errors = measured(chosen)
     alone: dict = {}
@@ -116,13 +121,23 @@ def quantize(model_proto: onnx.ModelProto, mode: str, max_error: float, calibrat
     for unit in units:
         precision = chosen[unit.name]
         why = "" if precision == top[unit.name] else (
+            f"onnxruntime fails on its integer form: {failed[unit.name]}" if unit.name in failed and
+            alone.get(unit.name) == float("inf") else
             f"{alone.get(unit.name, 0):.2%} off alone at {top[unit.name].words}: past the budget with the others")
         if precision == Precision.WEIGHTS and top[unit.name] == Precision.WEIGHTS and mode == "dynamic":
-            why = "at batch 1 onnxruntime's integer kernel is slower than its float one" if unit.op in slower \
-                else "onnxruntime has no integer kernel for it"
+            why = _why_float_compute(unit, slower)
         report.layers.append(LayerRow(_layer(unit, layer_names), unit.op, precision.words, why))
     logger.info("tf2onnx_rnn: %s", "; ".join(report.lines()))
     return model, report
+
+
+def _why_float_compute(unit, slower: frozenset) -> str:
+    """Why ``dynamic`` leaves a unit's compute float."""
+    if unit.op in slower:
+        return "at batch 1 onnxruntime's integer kernel is slower than its float one"
+    if unit.op == "MatMul":
+        return "its weight is read in a Scan's step or by several nodes: no one integer kernel computes them all"
+    return "onnxruntime has no integer kernel for it"
 
 
 def _batch_of_one(model_proto: onnx.ModelProto) -> bool:
