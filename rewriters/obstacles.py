@@ -164,6 +164,9 @@ def node_obstacles(node: onnx.NodeProto, row: Runtime, constants: dict, static: 
                                  and any(o and o not in shapes for o in node.output)):
         return [Obstacle(name, "fails on an If whose branches compute shapes" if not row.if_shapes else
                                "fails on an If whose outputs' rank shape inference leaves unknown", kind=Kind.IF)]
+    if node.op_type == "Conv" and not row.computed_conv_weight and node.input[1] not in constants:
+        return [Obstacle(name, "takes a Conv's weight only as a constant (KeyError converting a computed one)",
+                         kind=Kind.OP)]
     if node.op_type == "Gemm" and not row.computed_gemm_bias and len(node.input) > 2 and node.input[2] \
             and node.input[2] not in constants:
         return [Obstacle(name, "has no Gemm whose C is computed", kind=Kind.GEMM)]

@@ -130,6 +130,7 @@ class Runtime:
     shared_weights: bool = True  # maps a MatMul whose constant weight other MatMuls read too
     batch_one: bool = False  # computes one batch row at a time (its tensors have no batch axis): a fixed batch of 1
     computed_gemm_bias: bool = True  # computes a Gemm whose C input is not a constant
+    computed_conv_weight: bool = True  # computes a Conv whose weight is computed (an int8 weight's Cast and Mul)
     unsized_split: bool = True  # computes a Split whose sizes are not given (equal parts)
     batched_conv: bool = True  # computes a Conv over several images at once (its input's axis 0 over 1)
     empty_concat: bool = True  # computes a Concat one of whose inputs is an empty constant
@@ -188,6 +189,7 @@ RUNTIMES = (
                      "fails ('Failed analyse', a MinGRU's)"),
     Runtime("onnx2torch", "PyTorch through onnx2torch 1.5", "portable", target_removes=_PORTABLE_REMOVES,
             sequence_lens="constant", lacks=_LOOPING | {"ReverseSequence", "Scan", "If", "ScatterElements"},
+            computed_conv_weight=False,
             measured="no recurrent converter of its own (the tests supply them, without sequence_lens), "
                      "no Loop, Scan, If or ReverseSequence"),
     Runtime("reference", "ONNX's reference evaluator (onnx.reference)", "portable", target_removes=_PORTABLE_REMOVES,

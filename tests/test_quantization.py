@@ -304,3 +304,22 @@ def test_an_integer_form_onnxruntime_refuses_steps_down_and_says_why(monkeypatch
     (row,) = [r for r in report_of(proto).quantization.layers if r.op == "LSTM"]
     assert row.precision == "int8 weights, float compute" and "onnxruntime fails on its integer form" in row.why, row
     assert not check_claims(proto)
+
+
+def test_onnx2torch_is_not_claimed_for_a_conv_whose_weight_is_dequantized():
+    """onnx2torch 1.5 converts a Conv only from a constant weight (a KeyError for a computed one, measured): its
+    row says so, and a weights form with a Conv is not claimed for it, where the float form is."""
+    from tf2onnx_rnn import convert_keras
+    from tf2onnx_rnn.rewriters.obstacles import obstacles
+    from tf2onnx_rnn.rewriters.runtimes import BY_KEY
+
+    K = parity.keras_module(parity.FLAVORS[0])
+    K.utils.set_random_seed(3)
+    x = K.Input((None, 12), name="x")
+    model = K.Model(x, K.layers.GRU(16)(K.layers.Conv1D(8, 3, padding="same")(x)))
+    row = BY_KEY["onnx2torch"]
+    float_proto = convert_keras(model, target="portable")
+    proto = convert_keras(model, quantize="weights", target="portable", max_error=BUDGET)
+    assert not [o for o in obstacles(float_proto, row) if "Conv" in o.why]
+    assert [o for o in obstacles(proto, row) if "Conv's weight only as a constant" in o.why]
+    assert "onnx2torch" not in report_of(proto).runs_in
