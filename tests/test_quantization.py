@@ -250,6 +250,7 @@ def test_the_command_line_quantizes_with_an_npz_and_refuses_a_pickled_one(tmp_pa
     assert done.returncode == 0, done.stderr[-2000:]
     assert "quantized (dynamic)" in done.stdout and "int8 (integer compute in onnxruntime)" in done.stdout
     assert "int8 weights, float compute (onnxruntime has no integer kernel for it)" in done.stdout
+    assert "for the other runtimes, quantize 'weights'" in done.stdout
     assert not check_claims(onnx.load(tmp_path / "model.onnx"))
     np.savez(tmp_path / "pickled.npz", x=np.array([{"a": 1}], dtype=object))
     refused = run_cli("--keras", keras_file, "--output", tmp_path / "other.onnx", "--quantize", "weights",

@@ -264,6 +264,10 @@ def _quantized(conversion: Conversion, checked, calibration, options: Options, v
     report.consumers, report.runs_in, report.runtime_notes = consumers.lines, consumers.runs_in, consumers.notes
     report.quantization.notes = [f"{BY_KEY[key].name}: {BY_KEY[key].int8_weights}" for key in report.runs_in
                                  if BY_KEY[key].int8_weights and any(row.int8 for row in report.quantization.layers)]
+    if options.quantize == "dynamic" and any(row.precision.startswith("int8 (integer") for row in
+                                              report.quantization.layers):
+        report.quantization.notes.append("onnxruntime alone computes its integer kernels: for the other runtimes, "
+                                         "quantize 'weights' (with the --target the report names for them)")
     report.attach(model)
     if fits_in_protobuf(model):
         check_survives(model, _checked_feeds(model), report.outcomes)
