@@ -209,17 +209,9 @@ def run(source: Source, *, output_path: Optional[str] = None, verify: bool = Fal
             raise ConversionError(f"{param('verify')} cannot run a model over 2 GB (protobuf's limit for a model "
                                   f"held in memory); convert without {param('verify')}: the written model is still "
                                   "checked to load in onnxruntime")
-        conversion.verification = checked.verify(conversion.model_proto, tolerance)
-        if not conversion.verification.passed:
-            raise VerificationFailed(conversion.verification, conversion)
+        ran = _verified(conversion, checked, options.runtime, tolerance)
         what = (f"outputs verified against {conversion.verification.reference} at input shapes "
-                + "; ".join(conversion.verification.input_shapes))
-        if options.runtime:  # and in the runtime the target writes for, where it is installed
-            conversion.runtime_verification, ran = verify_in_runtime(checked, conversion.model_proto, options.runtime,
-                                                                     tolerance)
-            if conversion.runtime_verification is not None and not conversion.runtime_verification.passed:
-                raise VerificationFailed(conversion.runtime_verification, conversion)
-            what += f"; {ran}"
+                + "; ".join(conversion.verification.input_shapes) + (f"; {ran}" if ran is not None else ""))
         measured = conversion.verification.measured
     elif not options.check_shapes:
         what, measured = "output shapes not checked (the check was turned off)", []
@@ -281,19 +273,26 @@ def _quantized(conversion: Conversion, checked, calibration, options: Options, v
     rounds = calibration_rounds(model, calibration) if calibration is not None else None
     token = GIVEN_ROUNDS.set(rounds)
     try:
-        conversion.verification = checked.verify(model, report.quantization.tolerance)
-        if not conversion.verification.passed:
-            raise VerificationFailed(conversion.verification, conversion)
-        ran = ""
-        if options.runtime:
-            conversion.runtime_verification, ran = verify_in_runtime(checked, model, options.runtime,
-                                                                     report.quantization.tolerance)
-            if conversion.runtime_verification is not None and not conversion.runtime_verification.passed:
-                raise VerificationFailed(conversion.runtime_verification, conversion)
+        ran = _verified(conversion, checked, options.runtime, report.quantization.tolerance)
     finally:
         GIVEN_ROUNDS.reset(token)
     return (f"quantized model verified against {conversion.verification.reference} on {report.quantization.data} "
-            f"within {report.quantization.tolerance:.3g}" + (f"; {ran}" if ran else ""))
+            f"within {report.quantization.tolerance:.3g}" + (f"; {ran}" if ran is not None else ""))
+
+
+def _verified(conversion: Conversion, checked, runtime, tolerance: float) -> Optional[str]:
+    """Verify ``conversion``'s model against the source within ``tolerance``, and in ``runtime`` (the target's row,
+    or None) where it is installed; :class:`VerificationFailed` where either fails. Returns what ran in the
+    runtime, in words (None without a runtime)."""
+    conversion.verification = checked.verify(conversion.model_proto, tolerance)
+    if not conversion.verification.passed:
+        raise VerificationFailed(conversion.verification, conversion)
+    if runtime is None:
+        return None
+    conversion.runtime_verification, ran = verify_in_runtime(checked, conversion.model_proto, runtime, tolerance)
+    if conversion.runtime_verification is not None and not conversion.runtime_verification.passed:
+        raise VerificationFailed(conversion.runtime_verification, conversion)
+    return ran
 
 
 def freeze(source: Source, options: Options) -> Frozen:

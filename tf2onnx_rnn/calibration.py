@@ -13,8 +13,9 @@ from typing import Optional
 import numpy as np
 import onnx
 
+from .comparison import one_thread_session
 from .errors import ConversionError, param
-from .feeds import feeds_of, nchw, onnx_input_specs, streamed_states, transposed
+from .feeds import fed_specs, feeds_of, nchw, transposed
 
 ROWS_PER_ROUND = 128  # rows of a dynamic batch fed at once
 
@@ -22,8 +23,7 @@ ROWS_PER_ROUND = 128  # rows of a dynamic batch fed at once
 def calibration_rounds(model_proto: onnx.ModelProto, calibration) -> list:
     """The rounds (arrays in the order of the inputs a check feeds) of ``calibration``; a
     :class:`ConversionError` in one line for data the model cannot take."""
-    state_inputs, _ = streamed_states(model_proto)
-    specs = [spec for spec in onnx_input_specs(model_proto) if spec[0] not in state_inputs]
+    specs = fed_specs(model_proto)
     nchw_inputs, _ = transposed(model_proto)
     given = calibration if isinstance(calibration, (list, tuple)) else [calibration]
     if not given:
@@ -76,21 +76,10 @@ def _cut(arrays: list, batch: Optional[int]) -> list:
     return [[a[start:start + size] for a in arrays] for start in stops]
 
 
-def session(model_proto: onnx.ModelProto):
-    """An onnxruntime session of the model on one thread, its failures not logged (they are raised)."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    options.log_severity_level = 4
-    return ort.InferenceSession(model_proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
-
-
 def outputs(model_proto: onnx.ModelProto, rounds: list) -> list:
     """Every output of the model over all rounds: one array each, the rounds' rows end to end where the
     output has a batch axis (else the rounds' arrays stacked)."""
-    runner = session(model_proto)
-    specs = [s for s in onnx_input_specs(model_proto) if s[0] not in streamed_states(model_proto)[0]]
+    runner, specs = one_thread_session(model_proto), fed_specs(model_proto)
     results = [runner.run(None, feeds_of(model_proto, specs, arrays)) for arrays in rounds]
     return [np.concatenate([np.reshape(r[k], (-1,)) for r in results]) for k in range(len(results[0]))]
 
@@ -98,14 +87,7 @@ def outputs(model_proto: onnx.ModelProto, rounds: list) -> list:
 def moments(model_proto: onnx.ModelProto, units: list, rounds: list) -> dict:
     """Weight name -> ``[H, ...]`` (one per direction of a recurrent weight): the second moments of what the
     weight multiplies over ``rounds``. A weight whose input is not in the main graph has none."""
-    taps = []
-    for unit in units:
-        for weight in unit.weights:
-            if weight.meets:
-                taps.append(weight.meets)
-        node = _node(model_proto, unit.node) if unit.hidden else None
-        if node is not None and len(node.input) > 4 and node.input[4]:
-            taps.append(node.input[4])
+    taps = [name for unit in units for name in [w.meets for w in unit.weights] + [unit.lengths] if name]
     if not taps:
         return {}
     tapped = onnx.ModelProto()
@@ -113,8 +95,7 @@ def moments(model_proto: onnx.ModelProto, units: list, rounds: list) -> dict:
     known = {o.name for o in tapped.graph.output}
     tapped.graph.output.extend([onnx.helper.make_empty_tensor_value_info(name) for name in dict.fromkeys(taps)
                                 if name not in known])
-    runner = session(tapped)
-    specs = [s for s in onnx_input_specs(model_proto) if s[0] not in streamed_states(model_proto)[0]]
+    runner, specs = one_thread_session(tapped), fed_specs(model_proto)
     sums: dict = {}
     for arrays in rounds:
         values = dict(zip([o.name for o in runner.get_outputs()], runner.run(None, feeds_of(model_proto, specs,
@@ -122,43 +103,32 @@ def moments(model_proto: onnx.ModelProto, units: list, rounds: list) -> dict:
         for unit in units:
             for weight in unit.weights:
                 if weight.meets in values:
-                    found = _unit_moments(model_proto, unit, weight, values)
+                    found = _unit_moments(unit, weight, values)
                     sums[weight.name] = found if weight.name not in sums else \
                         [a + b for a, b in zip(sums[weight.name], found)]
     return sums
 
 
-def _node(model_proto: onnx.ModelProto, name: str) -> Optional[onnx.NodeProto]:
-    return next((n for n in model_proto.graph.node if (n.name or n.output[0]) == name), None)
-
-
-def _unit_moments(model_proto: onnx.ModelProto, unit, weight, values: dict) -> list:
+def _unit_moments(unit, weight, values: dict) -> list:
     met = np.asarray(values[weight.meets], np.float64)
     if not unit.hidden:  # a MatMul's first input: every row of its last axis
         rows = met.reshape(-1, met.shape[-1])
         return [rows.T @ rows]
-    node = _node(model_proto, unit.node)
-    lengths = values.get(node.input[4]) if len(node.input) > 4 and node.input[4] else None
+    lengths = values.get(unit.lengths) if unit.lengths else None
     steps = met.shape[0]
     batch = met.shape[1] if not weight.recurrent else met.shape[2]
     kept = np.arange(steps)[:, None] < (np.asarray(lengths)[None, :] if lengths is not None else steps)
     kept = np.broadcast_to(kept, (steps, batch))
     if not weight.recurrent:  # X [T, B, I], the same for every direction
         rows = met[kept]
-        return [rows.T @ rows] * (2 if _direction(node) == "bidirectional" else 1)
+        return [rows.T @ rows] * (2 if unit.direction == "bidirectional" else 1)
     found = []
     for d in range(met.shape[1]):  # Y [T, D, B, H]: the state a step starts from, at the steps each row keeps
         y = met[:, d]
-        backward = d == 1 or _direction(node) == "reverse"
+        backward = d == 1 or unit.direction == "reverse"
         before = np.concatenate([y[1:], np.zeros_like(y[:1])]) if backward else \
             np.concatenate([np.zeros_like(y[:1]), y[:-1]])
         rows = before[kept]
         found.append(rows.T @ rows)
     return found
 
-
-def _direction(node: onnx.NodeProto) -> str:
-    for a in node.attribute:
-        if a.name == "direction":
-            return a.s.decode()
-    return "forward"

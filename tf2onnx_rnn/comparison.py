@@ -100,7 +100,8 @@ class VerificationResult:
 RUNNER: contextvars.ContextVar = contextvars.ContextVar("tf2onnx_rnn_runner", default=None)
 
 
-def _session(model_proto: onnx.ModelProto):
+def one_thread_session(model_proto: onnx.ModelProto):
+    """An onnxruntime CPU session of a model on one thread, a failing run reported by its caller, not logged."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -242,7 +243,7 @@ def compare(reference: Callable[[list], Sequence[np.ndarray]], model_proto: onnx
     runner = RUNNER.get()
     result.runtime = runner.name if runner else "onnxruntime"
     try:
-        session = runner.session(model_proto) if runner else _session(model_proto)
+        session = runner.session(model_proto) if runner else one_thread_session(model_proto)
     except Exception as error:  # noqa: BLE001 - onnxruntime raises its own kinds
         result.problem = f"{result.runtime} cannot load the ONNX model: {first_line(error)}"
         result.onnx_loaded = False

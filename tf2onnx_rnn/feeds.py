@@ -41,12 +41,17 @@ def onnx_input_specs(model_proto: onnx.ModelProto, defaulted: bool = False) -> l
     return specs
 
 
+def fed_specs(model_proto: onnx.ModelProto) -> list:
+    """The specs (:func:`onnx_input_specs`) of the inputs a check feeds: a streamed model's states are fed apart."""
+    state_inputs, _ = streamed_states(model_proto)
+    return [spec for spec in onnx_input_specs(model_proto) if spec[0] not in state_inputs]
+
+
 def feed_rounds(model_proto: onnx.ModelProto, seed: int, inputs: Optional[list]) -> tuple:
     """(the specs of the inputs a check feeds, its rounds of arrays in their order): ``inputs``, or the rounds
     :data:`GIVEN_ROUNDS` holds, or one round of seeded random arrays per :data:`ROUNDS` entry. A streamed
     model's state inputs are fed apart (:func:`feeds_of`)."""
-    state_inputs, _ = streamed_states(model_proto)
-    specs = [spec for spec in onnx_input_specs(model_proto) if spec[0] not in state_inputs]
+    specs = fed_specs(model_proto)
     given = GIVEN_ROUNDS.get()
     rounds = [inputs] if inputs is not None else list(given) if given is not None else [
         random_inputs(specs, seed + i, round_sizes(batch, time)) for i, (batch, time) in enumerate(ROUNDS)]

@@ -18,7 +18,7 @@ import onnx
 
 from .calibration import calibration_rounds, moments, outputs
 from .errors import ConversionError, first_line, param
-from .feeds import check_feeds, onnx_input_specs, streamed_states
+from .feeds import feed_rounds
 from .report import LayerRow, QuantizationReport
 
 logger = logging.getLogger("tf2onnx_rnn")
@@ -76,7 +76,8 @@ def quantize(model_proto: onnx.ModelProto, mode: str, max_error: float, calibrat
         rounds, data = calibration_rounds(model_proto, calibration), "the calibration data"
         held = moments(model_proto, units, rounds)
     else:
-        rounds, data, held = _random_rounds(model_proto), "seeded random inputs (no calibration data given)", {}
+        _, rounds = feed_rounds(model_proto, 0, None)  # the verification's seeded random rounds
+        data, held = "seeded random inputs (no calibration data given)", {}
     rows = sum(len(r[0]) for r in rounds)
     data += f" ({rows} row{'s' * (rows != 1)})"
     stored = {w.name: rounded(_value(model_proto, w.name), (0, w.channel_axis) if w.per_direction
@@ -162,13 +163,8 @@ def _relative(got: np.ndarray, want: np.ndarray) -> tuple:
     return error, error / scale if scale > 0 else (0.0 if error == 0 else float("inf"))
 
 
-def _random_rounds(model_proto: onnx.ModelProto) -> list:
-    specs = [s for s in onnx_input_specs(model_proto) if s[0] not in streamed_states(model_proto)[0]]
-    return [[feeds[name] for name, _, _ in specs] for feeds in check_feeds(model_proto)]
-
-
 def _layer(unit, layer_names: dict) -> str:
-    if unit.node in layer_names:
-        return layer_names[unit.node]
+    if unit.name in layer_names:
+        return layer_names[unit.name]
     parts = [p for p in unit.name.split("/") if p]
     return parts[-2] if len(parts) > 2 else unit.name

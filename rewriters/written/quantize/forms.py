@@ -14,7 +14,7 @@ import onnx
 from onnx import helper
 
 from ..builder import Writer
-from ..graph import attributes, names_of, nodes_of, opset_of, set_nodes, subgraphs
+from ..graph import attributes, nodes_of, opset_of, set_nodes, subgraphs
 from .rounding import Rounded
 from .units import Unit, Weight
 
@@ -48,18 +48,16 @@ def dequantized(writer: Writer, weight: Weight, rounded: Rounded, bodies: list) 
     """
     stored = writer.tensor(rounded.values, f"{weight.name}_int8")
     scales = writer.tensor(rounded.scales, f"{weight.name}_scales")
-    if any(n.name == weight.name or weight.name in n.input for n in writer.graph.node):
+    if any(weight.name in n.input for n in writer.graph.node):
         cast = writer.op("Cast", [stored], f"{weight.name}_cast", to=onnx.TensorProto.FLOAT)
         writer.op("Mul", [cast, scales], weight.name, output_names=[weight.name])
-    for body in bodies:
-        local, cast = writer.name(f"{weight.name}_step"), writer.name(f"{weight.name}_step_cast")
+    for body in bodies:  # the step's own nodes, named apart from every name the model holds
+        step = Writer(body, writer.opset, writer.taken)
+        local = step.op("Mul", [step.op("Cast", [stored], f"{weight.name}_step_cast", to=onnx.TensorProto.FLOAT),
+                                scales], f"{weight.name}_step")
         for _, node in nodes_of(body):
-            for index, name in enumerate(node.input):
-                if name == weight.name:
-                    node.input[index] = local
-        made = [helper.make_node("Cast", [stored], [cast], name=writer.name(f"{cast}_Cast"), to=onnx.TensorProto.FLOAT),
-                helper.make_node("Mul", [cast, scales], [local], name=writer.name(f"{local}_Mul"))]
-        set_nodes(body, made + list(body.node))
+            node.input[:] = [local if name == weight.name else name for name in node.input]
+        set_nodes(body, step.nodes + list(body.node))
 
 
 def _bodies(graph: onnx.GraphProto, name: str) -> list:
@@ -74,7 +72,7 @@ def written(model_proto: onnx.ModelProto, units: list, chosen: dict, rounded: di
     model = onnx.ModelProto()
     model.CopyFrom(model_proto)
     graph = model.graph
-    writer = Writer(graph, opset_of(model), names_of(graph))
+    writer = Writer(graph, opset_of(model))
     dropped, replaced = set(), {}
     for unit in units:
         precision = chosen.get(unit.name, Precision.FLOAT)
@@ -82,7 +80,7 @@ def written(model_proto: onnx.ModelProto, units: list, chosen: dict, rounded: di
             continue
         dropped.update(w.name for w in unit.weights)
         if precision == Precision.INTEGER:
-            index = next(k for k, n in enumerate(graph.node) if (n.name or n.output[0]) == unit.node)
+            index = next(k for k, n in enumerate(graph.node) if (n.name or n.output[0]) == unit.name)
             replaced[index] = _integer(writer, graph.node[index], unit, rounded)
         else:
             for weight in unit.weights:
@@ -99,8 +97,8 @@ def written(model_proto: onnx.ModelProto, units: list, chosen: dict, rounded: di
 
 
 def _integer(writer: Writer, node: onnx.NodeProto, unit: Unit, rounded: dict) -> list:
-    """The node computed by onnxruntime's integer kernel (its outputs keep their names)."""
-    start = len(writer.nodes)
+    """The node computed by onnxruntime's integer kernel (its outputs keep their names); its constants are the
+    writer's."""
     if unit.op == "LSTM":
         inputs = list(node.input) + [""] * (8 - len(node.input))
         extra = []
@@ -113,20 +111,16 @@ def _integer(writer: Writer, node: onnx.NodeProto, unit: Unit, rounded: dict) ->
             extra += [writer.tensor(steps, f"{weight.name}_scales"),
                       writer.tensor(np.zeros(steps.shape, np.int8), f"{weight.name}_zero")]
         kept = {k: v for k, v in attributes(node).items() if k != "layout"}
-        writer.nodes.append(helper.make_node("DynamicQuantizeLSTM", inputs[:8] + extra, list(node.output),
-                                             name=writer.name(f"{unit.node}_int8"), domain=MICROSOFT, **kept))
-    else:  # a MatMul of a constant B [K, N]: one scale per column
-        weight = unit.weights[0]
-        q = rounded[weight.name]
-        steps = q.scales.reshape(-1)
-        writer.nodes.append(helper.make_node(
-            "DynamicQuantizeMatMul", [node.input[0], writer.tensor(q.values, f"{weight.name}_int8"),
-                                      writer.tensor(steps, f"{weight.name}_scales"),
-                                      writer.tensor(np.zeros(steps.shape, np.int8), f"{weight.name}_zero")],
-            list(node.output), name=writer.name(f"{unit.node}_int8"), domain=MICROSOFT))
-    made = writer.nodes[start:]
-    del writer.nodes[start:]
-    return made
+        return [helper.make_node("DynamicQuantizeLSTM", inputs[:8] + extra, list(node.output),
+                                 name=writer.name(f"{unit.name}_int8"), domain=MICROSOFT, **kept)]
+    weight = unit.weights[0]  # a MatMul of a constant B [K, N]: one scale per column
+    q = rounded[weight.name]
+    steps = q.scales.reshape(-1)
+    return [helper.make_node("DynamicQuantizeMatMul",
+                             [node.input[0], writer.tensor(q.values, f"{weight.name}_int8"),
+                              writer.tensor(steps, f"{weight.name}_scales"),
+                              writer.tensor(np.zeros(steps.shape, np.int8), f"{weight.name}_zero")],
+                             list(node.output), name=writer.name(f"{unit.name}_int8"), domain=MICROSOFT)]
 
 
 def int8_held(model_proto: onnx.ModelProto, unit: Unit, precision: Precision) -> str:

@@ -13,9 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+import numpy as np
 import onnx
 
 from ...description import RECURRENT_NODES
+from ...runtimes import FORWARD
 from ..graph import attribute, names_of, nodes_of, slot, subgraphs
 from ..scope import fresh
 
@@ -39,13 +41,14 @@ class Weight:
 class Unit:
     """One layer's weights, quantized together or not at all."""
 
-    name: str  # the node's name (the report names the layer from it)
+    name: str  # the name of the node that reads them (the first, for a weight read by several): the report's layer
     op: str  # the reading node's op type
     weights: tuple
-    node: str  # the node that reads them (the first of them, for a weight read by several)
     integer: bool = False  # onnxruntime has a kernel computing it in int8 (DynamicQuantizeLSTM, ...MatMul)
     hidden: int = 0  # a recurrent node's hidden size
     output: str = ""  # the reading node's first output (an integer kernel's, once it computes the unit)
+    lengths: str = ""  # a recurrent node's sequence_lens ("" where it has none)
+    direction: str = FORWARD  # a recurrent node's direction
 
 
 def hoisted(model_proto: onnx.ModelProto) -> onnx.ModelProto:
@@ -57,7 +60,7 @@ def hoisted(model_proto: onnx.ModelProto) -> onnx.ModelProto:
     main = model.graph
     by_value = {_content(t): t.name for t in main.initializer}
     taken = names_of(main)
-    for node in main.node:
+    for _, node in nodes_of(main):  # every subgraph, nested ones included
         for body in subgraphs(node):
             _hoist(body, main, by_value, taken)
     return model
@@ -86,9 +89,6 @@ def _hoist(body: onnx.GraphProto, main: onnx.GraphProto, by_value: dict, taken: 
             by_value[key] = name
         moved[tensor.name] = by_value[key]
     if not moved:
-        for node in body.node:
-            for inner in subgraphs(node):
-                _hoist(inner, main, by_value, taken)
         return
     kept = [t for t in body.initializer if t.name not in moved]
     del body.initializer[:]
@@ -126,7 +126,7 @@ def units_of(model_proto: onnx.ModelProto) -> list:
         weight = _weight(name, initializers[name], readers)
         if weight is not None:
             node = readers[0][0]
-            found.append(Unit(node.name or node.output[0], node.op_type, (weight,), node.name or node.output[0],
+            found.append(Unit(node.name or node.output[0], node.op_type, (weight,),
                               integer=node.op_type == "MatMul" and len(readers) == 1 and readers[0][2],
                               output=node.output[0]))
     return found
@@ -142,18 +142,15 @@ def _recurrent(node: onnx.NodeProto, initializers: dict, slots: dict) -> Optiona
     weights = (Weight(names[0], 1, 2, per_direction=True, meets=node.input[0], readers=((here, 1),)),
                Weight(names[1], 1, 2, per_direction=True, meets=node.output[0] if node.output else "",
                       recurrent=True, readers=((here, 2),)))
-    return Unit(node.name or node.output[0], node.op_type, weights, node.name or node.output[0],
-                integer=node.op_type == "LSTM" and not attribute(node, "layout", 0),
-                hidden=int(attribute(node, "hidden_size", 0) or 0), output=slot(node.output, 0))
+    return Unit(here, node.op_type, weights, integer=node.op_type == "LSTM" and not attribute(node, "layout", 0),
+                hidden=int(attribute(node, "hidden_size", 0) or 0), output=slot(node.output, 0),
+                lengths=slot(node.input, 4), direction=attribute(node, "direction", FORWARD))
 
 
 def _weight(name: str, tensor: onnx.TensorProto, readers: list) -> Optional[Weight]:
     """The weight an initializer is to every node that reads it, or None (it is not only a weight, or its
     readers disagree on its axes, or it is small)."""
-    size = 1
-    for d in tensor.dims:
-        size *= d
-    if size < SMALLEST:
+    if int(np.prod(tensor.dims)) < SMALLEST:
         return None
     axes = {_axes(node, index, len(tensor.dims)) for node, index, _ in readers}
     if len(axes) != 1 or None in axes:
