@@ -237,6 +237,16 @@ def test_a_mode_the_target_cannot_compute_is_refused_before_converting(target):
     assert "\n" not in str(refused.value) and ("training" in str(refused.value) or "IREE" in str(refused.value))
 
 
+class _Canary:
+    """An object whose unpickling creates a file: what a hostile .npz could run."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __reduce__(self):
+        return open, (self.path, "w")
+
+
 def test_the_command_line_quantizes_with_an_npz_and_refuses_a_pickled_one(tmp_path):
     from test_cli import run_cli
 
@@ -252,11 +262,12 @@ def test_the_command_line_quantizes_with_an_npz_and_refuses_a_pickled_one(tmp_pa
     assert "int8 weights, float compute (onnxruntime has no integer kernel for it)" in done.stdout
     assert "for the other runtimes, quantize 'weights'" in done.stdout
     assert not check_claims(onnx.load(tmp_path / "model.onnx"))
-    np.savez(tmp_path / "pickled.npz", x=np.array([{"a": 1}], dtype=object))
+    canary = tmp_path / "canary"  # unpickling the array would create it
+    np.savez(tmp_path / "pickled.npz", x=np.array([_Canary(str(canary))], dtype=object))
     refused = run_cli("--keras", keras_file, "--output", tmp_path / "other.onnx", "--quantize", "weights",
                       "--calibration", tmp_path / "pickled.npz", cwd=tmp_path)
     assert refused.returncode == 2 and "--calibration" in helpers.assert_one_error_line(refused.stderr)
-    assert not (tmp_path / "other.onnx").exists()
+    assert not (tmp_path / "other.onnx").exists() and not canary.exists()
     over = run_cli("--keras", keras_file, "--output", tmp_path / "over.onnx", "--quantize", "weights",
                    "--calibration", tmp_path / "calibration.npz", "--max-error", "1e-7", cwd=tmp_path)
     assert over.returncode == 1 and "--max-error" in helpers.assert_one_error_line(over.stderr)
