@@ -92,6 +92,11 @@ def obstacles(model_proto: onnx.ModelProto, row: Runtime) -> list:
                 if graph is not model_proto.graph else whole
         found.extend(node_obstacles(node, row, constants, static, readers[id(graph)],
                                     shapes if graph is model_proto.graph else None))
+    if not row.qdq_computed_recurrent_weights and "QuantizeLinear" in ops:
+        found.extend(Obstacle(node.name or node.output[0], f"fails on {node.op_type} whose weights are computed in a "
+                                                           "model holding QDQ (they must be constants)", kind=Kind.OP)
+                     for node in model_proto.graph.node if node.op_type in RECURRENT_OPS
+                     and any(w and w not in constants for w in node.input[1:3]))
     ranks = [len(i.type.tensor_type.shape.dim) for i in model_proto.graph.input]
     if row.max_input_rank and max(ranks, default=0) > row.max_input_rank:
         found.insert(0, Obstacle("inputs", f"takes no input of rank {max(ranks)}", kind=Kind.RANK))

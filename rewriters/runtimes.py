@@ -131,6 +131,9 @@ class Runtime:
     batch_one: bool = False  # computes one batch row at a time (its tensors have no batch axis): a fixed batch of 1
     computed_gemm_bias: bool = True  # computes a Gemm whose C input is not a constant
     computed_conv_weight: bool = True  # computes a Conv whose weight is computed (an int8 weight's Cast and Mul)
+    # computes a recurrent node whose weights are computed (int8 ones dequantized) in a model holding QDQ (static
+    # quantization's QuantizeLinear)
+    qdq_computed_recurrent_weights: bool = True
     unsized_split: bool = True  # computes a Split whose sizes are not given (equal parts)
     batched_conv: bool = True  # computes a Conv over several images at once (its input's axis 0 over 1)
     empty_concat: bool = True  # computes a Concat one of whose inputs is an empty constant
@@ -165,7 +168,7 @@ RUNTIMES = (
     Runtime("openvino", "OpenVINO 2026.4", "portable", target_removes=_PORTABLE_REMOVES, sequence_lens="ignored",
             peepholes="wrong", activations={op: Activations(_KERNEL, silent=False, per_direction=False)
                                             for op in RECURRENT_OPS},
-            transposes_shared_y=False, if_unranked=False,
+            transposes_shared_y=False, if_unranked=False, qdq_computed_recurrent_weights=False,
             int8_weights="its CPU plugin quantizes the inputs of a layer whose weights are int8 at run time "
                          "(0.1% of a trained LSTM(128)'s output range off, measured); compile the model with "
                          "{'DYNAMIC_QUANTIZATION_GROUP_SIZE': '0'} for the float compute measured here",
@@ -176,7 +179,9 @@ RUNTIMES = (
                                          "direction's, silently (156 single-node probes); a Transpose(1, 0, 2) of "
                                          "a squeezed Y another recurrent node reads too, 1.0 off (hand-built "
                                          "graphs); an If whose outputs' rank shape inference leaves unknown fails "
-                                         "to convert (a MinGRU's)"),
+                                         "to convert (a MinGRU's); in a model holding a QuantizeLinear, an LSTM or "
+                                         "GRU whose weights are dequantized int8 ones fails to compile ('expects "
+                                         "Constant for port 4'), with float weights it is exact"),
     Runtime("tract", "tract 0.23", "portable", target_removes=_PORTABLE_REMOVES,
             recurrent={op: frozenset({FORWARD, BIDIRECTIONAL}) for op in RECURRENT_OPS}, reverse_runs_forward=True,
             sequence_lens="constant", all_states_need_initial=frozenset({"LSTM"}),

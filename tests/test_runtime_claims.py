@@ -130,23 +130,49 @@ def test_the_weights_form_computes_in_its_runtime_wherever_the_float_form_does(f
     A runtime with a target of its own (IREE, TVM, ncnn, rknn) runs the weights form of its target's model; the
     default and portable forms, which every target's starts from, run in the others (their float forms' claims
     for those runtimes are run by the test above)."""
+    _check_quantized(form, name, "weights", str(tmp_path))
+
+
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("form", QUANTIZED_FORMS)
+def test_the_static_form_computes_in_every_runtime_its_report_names(form, name, tmp_path):
+    """``quantize="static"`` (QDQ, each layer's input on a scale calibrated on the model's input) is computed
+    within the budget of Keras by every runtime its report names; it names no runtime the float form does not,
+    and onnxruntime always. The form of a target is written for that target's runtimes (the portable form's
+    recurrent layers stay float for OpenVINO)."""
+    _check_quantized(form, name, "static", str(tmp_path))
+
+
+def _check_quantized(form: str, name: str, mode: str, work: str) -> None:
+    from tf2onnx_rnn.options import PORTABLE
     from tf2onnx_rnn.quantization import quantize
+    from tf2onnx_rnn.rewriters.runtimes import RUNTIMES
 
     x, want, proto = converted(parity.FLAVORS[0], name, form)
     if isinstance(proto, ConversionError):
         pytest.skip(f"refused: {proto} (test_runtime_targets checks the refusals)")
     report = report_of(proto)
-    model, quantization = quantize(proto, "weights", BUDGET, None, {})
     row = BY_KEY.get(form)
+    rows = (row,) if row else tuple(r for r in RUNTIMES if r.target == PORTABLE) if form == PORTABLE else ()
+    model, quantization = quantize(proto, mode, BUDGET, x if mode == "static" else None, {}, rows)
     steps = any(o.became == "steps" for o in report.outcomes)
     named = [key for key in consumers_of(model, row, steps).runs_in if key not in ELSEWHERE]
     float_named = [key for key in report.runs_in if key not in ELSEWHERE]
-    assert named == float_named, (named, float_named)
+    if mode == "weights":
+        assert named == float_named, (named, float_named)
+    else:
+        assert "onnxruntime" in named and set(named) <= set(float_named), (named, float_named)
     int8 = [r for r in quantization.layers if r.int8]
     assert int8, quantization.lines()
+    if mode == "static":  # one scale per layer's input: every step written out and both directions share it
+        qdq = [r for r in quantization.layers if r.precision.endswith("(QDQ, calibrated)")]
+        scales = {n.input[1] for n in helpers.all_nodes(model) if n.op_type == "QuantizeLinear"}
+        assert len(scales) == len(qdq), (sorted(scales), quantization.lines())
     quantized = helpers.ort_session(model).run(None, {"x": x})
-    within = _problems("onnxruntime", model, x, want, str(tmp_path), relative=2 * BUDGET)
-    assert not within, f"{form} {name}: onnxruntime's run of the weights form against Keras: {within}"
+    within = _problems("onnxruntime", model, x, want, work, relative=2 * BUDGET)
+    assert not within, f"{form} {name}: onnxruntime's run of the {mode} form against Keras: {within}"
+    # int8 weights compute alike everywhere; QDQ's int8 arithmetic is each runtime's own: against Keras then
+    reference, relative = ([np.asarray(q) for q in quantized], 0.0) if mode == "weights" else (want, 2 * BUDGET)
     digest, failures, missing = _digest(model, x), [], []
     own_targets = {key for key in named if BY_KEY[key].target == key}
     for key in named:
@@ -154,11 +180,11 @@ def test_the_weights_form_computes_in_its_runtime_wherever_the_float_form_does(f
             continue
 
         def run(key=key):
-            return _problems(key, model, x, [np.asarray(q) for q in quantized], str(tmp_path))
+            return _problems(key, model, x, reference, work, relative)
 
         found = _ran(digest, key, run)
         (missing if found and found[0].startswith("not installed") else failures).extend(found)
-    assert not failures, f"{form} {name}, weights in int8: the report names {', '.join(named)}:\n- " + \
+    assert not failures, f"{form} {name}, {mode} int8: the report names {', '.join(named)}:\n- " + \
         "\n- ".join(failures)
     if missing and os.environ.get(REQUIRED):
         pytest.fail("; ".join(missing))

@@ -24,12 +24,12 @@ from .dim_names import name_dimensions
 from .errors import ConversionError, VerificationError, first_line, param, raised_by_library
 from .isolation import check_survives
 from .lowering import lower_for_runtime
-from .options import Options, check_tolerance
+from .options import PORTABLE, Options, check_tolerance
 from .output import LARGE_MODEL_KEY, check_output_path, save_model
 from .probes import check_loadable, fits_in_protobuf, stamp_ir_version
 from .reconcile import reconcile, recurrent_loops, unrolled_layers
 from .report import LOOP, SCAN, STEPS, ConversionReport
-from .rewriters.runtimes import BY_KEY
+from .rewriters.runtimes import BY_KEY, RUNTIMES
 from .runtime_check import verify_in_runtime
 from .shape_check import check_output_shapes
 from .sources import Frozen, Source
@@ -104,10 +104,12 @@ def convert_keras(model, input_signature=None, opset: Optional[int] = None, outp
     when its traced call reaches nothing outside TensorFlow (no file writes, prints, Python or
     network ops), unless ``safe_mode=False``.
     ``quantize="weights"`` stores the weights in int8 (float compute), ``quantize="dynamic"`` computes LSTM and
-    Dense layers with onnxruntime's integer kernels too; each layer only as far as ``calibration`` (an array, a
-    dict of input name -> array, or a list of them; without it, seeded random inputs) keeps every output
-    within ``max_error`` (relative to its largest magnitude; default 0.01) of the float model, and ``verify``
-    then compares with the source on that data within the same budget (:mod:`.quantization`).
+    Dense layers with onnxruntime's integer kernels too, ``quantize="static"`` writes QDQ (each layer's input on
+    an int8 scale calibrated on ``calibration``, which it needs; recurrent states float); each layer only as far
+    as ``calibration`` (an array, a dict of input name -> array, or a list of them; without it, seeded random
+    inputs) keeps every output within ``max_error`` (relative to its largest magnitude; default 0.01) of the
+    float model, and ``verify`` then compares with the source on that data within the same budget
+    (:mod:`.quantization`).
     """
     options = Options.of(opset=opset, assume_post_padded=assume_post_padded, **options)
     conversion = run(KerasModel(model, input_signature, safe_mode), output_path=output_path, verify=verify,
@@ -196,6 +198,9 @@ def run(source: Source, *, output_path: Optional[str] = None, verify: bool = Fal
     check_tolerance(tolerance)
     if calibration is not None and not options.quantize:
         raise ConversionError(f"{param('calibration')} is data to quantize with: give {param('quantize')} too")
+    if calibration is None and options.quantize == "static":
+        raise ConversionError(f"{param('quantize')} 'static' fixes each input's int8 scale from data: give "
+                              f"{param('calibration')} (inputs the model will see)")
     source.check()
     if output_path:
         check_output_path(output_path)
@@ -250,8 +255,10 @@ def _quantized(conversion: Conversion, checked, calibration, options: Options, v
             nodes.setdefault(o.layer, set()).add(o.node)
     names = {o.node: o.layer + (f" ({o.direction})" if len(nodes[o.layer]) > 1 and o.direction else "")
              for o in report.outcomes if o.node}
+    rows = (options.runtime,) if options.runtime else \
+        tuple(row for row in RUNTIMES if row.target == PORTABLE) if options.portable else ()
     model, report.quantization = quantize(conversion.model_proto, options.quantize, options.max_error, calibration,
-                                          names)
+                                          names, rows)
     consumers = consumers_of(model, options.runtime, any(o.became == STEPS for o in report.outcomes))
     report.consumers, report.runs_in, report.runtime_notes = consumers.lines, consumers.runs_in, consumers.notes
     report.quantization.notes = [f"{BY_KEY[key].name}: {BY_KEY[key].int8_weights}" for key in report.runs_in

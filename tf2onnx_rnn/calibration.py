@@ -84,22 +84,50 @@ def outputs(model_proto: onnx.ModelProto, rounds: list) -> list:
     return [np.concatenate([np.reshape(r[k], (-1,)) for r in results]) for k in range(len(results[0]))]
 
 
-def moments(model_proto: onnx.ModelProto, units: list, rounds: list) -> dict:
-    """Weight name -> ``[H, ...]`` (one per direction of a recurrent weight): the second moments of what the
-    weight multiplies over ``rounds``. A weight whose input is not in the main graph has none."""
-    taps = [name for unit in units for name in [w.meets for w in unit.weights] + [unit.lengths] if name]
-    if not taps:
-        return {}
+def _tapped(model_proto: onnx.ModelProto, taps: list, rounds: list):
+    """Each round's values (name -> array) of the model's outputs and of ``taps`` (tensors of the main graph)."""
     tapped = onnx.ModelProto()
     tapped.CopyFrom(model_proto)
     known = {o.name for o in tapped.graph.output}
     tapped.graph.output.extend([onnx.helper.make_empty_tensor_value_info(name) for name in dict.fromkeys(taps)
                                 if name not in known])
     runner, specs = one_thread_session(tapped), fed_specs(model_proto)
-    sums: dict = {}
+    names = [o.name for o in runner.get_outputs()]
     for arrays in rounds:
-        values = dict(zip([o.name for o in runner.get_outputs()], runner.run(None, feeds_of(model_proto, specs,
-                                                                                           arrays))))
+        yield dict(zip(names, runner.run(None, feeds_of(model_proto, specs, arrays))))
+
+
+def ranges(model_proto: onnx.ModelProto, units: list, rounds: list) -> dict:
+    """Unit name -> (lowest, highest) of what its weights multiply over ``rounds`` (all its ``activations``, one
+    range for them all: every step and direction shares it), the steps a recurrent node's rows keep only."""
+    taps = [name for unit in units for name in unit.activations + ((unit.lengths,) if unit.lengths else ())]
+    found: dict = {}
+    for values in (_tapped(model_proto, taps, rounds) if taps else ()):
+        for unit in (u for u in units if u.activations):
+            for name in unit.activations:
+                met = np.asarray(values[name], np.float64)
+                if unit.hidden:  # X [T, B, I]: the steps each row keeps
+                    met = met[_kept(values.get(unit.lengths) if unit.lengths else None, met.shape[0], met.shape[1])]
+                if met.size:
+                    low, high = found.get(unit.name, (0.0, 0.0))
+                    found[unit.name] = (min(low, float(met.min())), max(high, float(met.max())))
+    return found
+
+
+def _kept(lengths, steps: int, batch: int) -> np.ndarray:
+    """[T, B]: whether row b keeps step t (every step where no lengths are given)."""
+    kept = np.arange(steps)[:, None] < (np.asarray(lengths)[None, :] if lengths is not None else steps)
+    return np.broadcast_to(kept, (steps, batch))
+
+
+def moments(model_proto: onnx.ModelProto, units: list, rounds: list) -> dict:
+    """Weight name -> ``[H, ...]`` (one per direction of a recurrent weight): the second moments of what the
+    weight multiplies over ``rounds``. A weight whose input is not in the main graph has none."""
+    taps = [name for unit in units for name in [w.meets for w in unit.weights] + [unit.lengths] if name]
+    if not taps:
+        return {}
+    sums: dict = {}
+    for values in _tapped(model_proto, taps, rounds):
         for unit in units:
             for weight in unit.weights:
                 if weight.meets in values:
@@ -114,11 +142,8 @@ def _unit_moments(unit, weight, values: dict) -> list:
     if not unit.hidden:  # a MatMul's first input: every row of its last axis
         rows = met.reshape(-1, met.shape[-1])
         return [rows.T @ rows]
-    lengths = values.get(unit.lengths) if unit.lengths else None
-    steps = met.shape[0]
-    batch = met.shape[1] if not weight.recurrent else met.shape[2]
-    kept = np.arange(steps)[:, None] < (np.asarray(lengths)[None, :] if lengths is not None else steps)
-    kept = np.broadcast_to(kept, (steps, batch))
+    kept = _kept(values.get(unit.lengths) if unit.lengths else None, met.shape[0],
+                 met.shape[1] if not weight.recurrent else met.shape[2])
     if not weight.recurrent:  # X [T, B, I], the same for every direction
         rows = met[kept]
         return [rows.T @ rows] * (2 if unit.direction == "bidirectional" else 1)

@@ -148,9 +148,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="run the ONNX model in onnxruntime against TensorFlow before writing it")
     parser.add_argument("--tolerance", type=_tolerance, default=1e-4, metavar="FLOAT",
                         help="max abs error --verify accepts (default: %(default)g)")
-    parser.add_argument("--quantize", choices=("weights", "dynamic"),
+    parser.add_argument("--quantize", choices=("weights", "dynamic", "static"),
                         help="int8: 'weights' stores weights in int8 (float compute, every runtime), 'dynamic' "
-                             "computes LSTM and Dense layers with onnxruntime's integer kernels too; each layer only "
+                             "computes LSTM and Dense layers with onnxruntime's integer kernels too, 'static' writes "
+                             "QDQ with each layer's input scale calibrated (needs --calibration); each layer only "
                              "as far as --max-error allows on the calibration data")
     parser.add_argument("--calibration", metavar="FILE.npz",
                         help="data to quantize with: an .npz of one array (the model's one input) or of one array "

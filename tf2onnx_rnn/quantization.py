@@ -16,14 +16,14 @@ from typing import Optional
 import numpy as np
 import onnx
 
-from .calibration import calibration_rounds, moments, outputs
+from .calibration import calibration_rounds, moments, outputs, ranges
 from .errors import ConversionError, first_line, param
 from .feeds import feed_rounds
 from .report import LayerRow, QuantizationReport
 
 logger = logging.getLogger("tf2onnx_rnn")
 
-MODES = ("weights", "dynamic")
+MODES = ("weights", "dynamic", "static")
 # the largest output error a quantization may cost, relative to the output's largest magnitude on the data: TFLite's
 # dynamic-range int8 of the benchmark's Japanese Vowels models is 0.96-2.68% off; within 1% on the calibration data
 # ours stay below it on the held-out data (benchmarks/int8.py, docs/quantization.md)
@@ -59,9 +59,11 @@ def check_mode(quantize: Optional[str], max_error=None, row=None, training: bool
                               f"does not compute: quantize 'weights' for it")
 
 
-def quantize(model_proto: onnx.ModelProto, mode: str, max_error: float, calibration, layer_names: dict) -> tuple:
+def quantize(model_proto: onnx.ModelProto, mode: str, max_error: float, calibration, layer_names: dict,
+             runtimes: tuple = ()) -> tuple:
     """(the quantized model, its :class:`QuantizationReport`). ``layer_names``: a recurrent node's name -> its
-    layer's."""
+    layer's. ``runtimes``: the rows of the runtimes the model's form is written for (a target's), whose facts
+    bound the form."""
     from .rewriters.written.quantize import forms
     from .rewriters.written.quantize.forms import Precision
     from .rewriters.written.quantize.rounding import rounded
@@ -84,16 +86,19 @@ def quantize(model_proto: onnx.ModelProto, mode: str, max_error: float, calibrat
                               else (w.channel_axis,), w.contracted_axis, held.get(w.name))
               for unit in units for w in unit.weights}
     slower = SLOWER_AT_BATCH_ONE if _batch_of_one(model_proto) else frozenset()
-    top = {u.name: Precision.INTEGER if mode == "dynamic" and u.integer and u.op not in slower else Precision.WEIGHTS
-           for u in units}
+    spans = ranges(model_proto, units, rounds) if mode == "static" else {}
+    top = {u.name: Precision.INTEGER if mode == "dynamic" and u.integer and u.op not in slower else
+           Precision.STATIC if mode == "static" and u.name in spans else Precision.WEIGHTS for u in units}
+    kept = _kept_float(units, mode, runtimes)
+    top.update({name: Precision.FLOAT for name in kept})
     reference = outputs(model_proto, rounds)
 
     def measured(chosen: dict) -> tuple:
-        model = forms.written(model_proto, units, chosen, stored)
+        model = forms.written(model_proto, units, chosen, stored, spans)
         try:
             got = outputs(model, rounds)
         except Exception as error:  # noqa: BLE001 - onnxruntime refuses a form: past every budget, and said so
-            failed.update({name: first_line(error) for name, p in chosen.items() if p == Precision.INTEGER})
+            failed.update({name: first_line(error) for name, p in chosen.items() if p >= Precision.INTEGER})
             return model, [(float("inf"), float("inf"))] * len(reference)
         return model, [_relative(g, r) for g, r in zip(got, reference)]
 
@@ -103,10 +108,12 @@ def quantize(model_proto: onnx.ModelProto, mode: str, max_error: float, calibrat
     alone: dict = {}
     while max(e for _, e in errors) > max_error and any(p > Precision.FLOAT for p in chosen.values()):
         if not alone:  # each unit's own cost: the model with it alone at its top precision
-            alone = {u.name: max(e for _, e in measured({u.name: top[u.name]})[1]) for u in units}
+            alone = {u.name: max(e for _, e in measured({u.name: top[u.name]})[1]) for u in units if u.name not in kept}
         worst = max((name for name, p in chosen.items() if p > Precision.FLOAT), key=lambda n: (alone[n], chosen[n]))
-        chosen[worst] = Precision(chosen[worst] - 1)
+        chosen[worst] = chosen[worst].below
         model, errors = measured(chosen)
+    if all(p == Precision.FLOAT for p in chosen.values()) and not alone:  # no unit the form's runtimes compute
+        raise ConversionError(f"{param('quantize')} {mode!r}: " + "; ".join(dict.fromkeys(kept.values())))
     if all(p == Precision.FLOAT for p in chosen.values()):
         raise OverBudget(f"{param('quantize')}: no layer stays within {param('max_error')} {max_error:g} in int8 "
                               f"(alone, the least costly is {min(alone.values()):.2%} off on {data}): the model "
@@ -119,17 +126,28 @@ def quantize(model_proto: onnx.ModelProto, mode: str, max_error: float, calibrat
                                 scales=[float(np.max(np.abs(r))) if np.size(r) else 0.0 for r in reference])
     names = [o.name for o in model.graph.output]
     report.errors = [(names[k], abs_error, relative) for k, (abs_error, relative) in enumerate(errors)]
-    for unit in units:
-        precision = chosen[unit.name]
-        why = "" if precision == top[unit.name] else (
-            f"onnxruntime fails on its integer form: {failed[unit.name]}" if unit.name in failed and
-            alone.get(unit.name) == float("inf") else
-            f"{alone.get(unit.name, 0):.2%} off alone at {top[unit.name].words}: past the budget with the others")
-        if precision == Precision.WEIGHTS and top[unit.name] == Precision.WEIGHTS and mode == "dynamic":
-            why = _why_float_compute(unit, slower)
-        report.layers.append(LayerRow(_layer(unit, layer_names), unit.op, precision.words, why))
+    report.layers = [LayerRow(_layer(unit, layer_names), unit.op, chosen[unit.name].words,
+                              _why(unit, chosen[unit.name], top[unit.name], mode, alone, failed, slower, kept))
+                     for unit in units]
     logger.info("tf2onnx_rnn: %s", "; ".join(report.lines()))
     return model, report
+
+
+def _why(unit, precision, top, mode: str, alone: dict, failed: dict, slower: frozenset, kept: str) -> str:
+    """Why ``unit`` is at ``precision`` and not further ("" where it is at the most its mode gives)."""
+    from .rewriters.written.quantize.forms import Precision
+
+    if unit.name in kept:
+        return kept[unit.name]
+    if precision != top:
+        if unit.name in failed and alone.get(unit.name) == float("inf"):
+            return f"onnxruntime fails on its {'QDQ' if mode == 'static' else 'integer'} form: {failed[unit.name]}"
+        return f"{alone.get(unit.name, 0):.2%} off alone at {top.words}: past the budget with the others"
+    if precision != Precision.WEIGHTS or mode == "weights":
+        return ""
+    if mode == "static":
+        return "what it multiplies is computed in a Scan's step: no tensor of the graph to calibrate"
+    return _why_float_compute(unit, slower)
 
 
 def _why_float_compute(unit, slower: frozenset) -> str:
@@ -139,6 +157,16 @@ def _why_float_compute(unit, slower: frozenset) -> str:
     if unit.op == "MatMul":
         return "its weight is read in a Scan's step or by several nodes: no one integer kernel computes them all"
     return "onnxruntime has no integer kernel for it"
+
+
+def _kept_float(units: list, mode: str, runtimes: tuple) -> dict:
+    """Unit name -> why a runtime the form is for computes it only in float (``static``: a recurrent node in
+    OpenVINO, whose weights must be constants in a model holding QDQ)."""
+    refusing = [row for row in runtimes if not row.qdq_computed_recurrent_weights]
+    if mode != "static" or not refusing:
+        return {}
+    return {u.name: f"{refusing[0].name} computes no {u.op} of dequantized weights in a QDQ model (they must be "
+                    "constants)" for u in units if u.hidden}
 
 
 def _batch_of_one(model_proto: onnx.ModelProto) -> bool:

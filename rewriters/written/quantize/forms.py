@@ -2,19 +2,21 @@
 
 A unit is kept float, stored in int8 and dequantized where it is read (:data:`WEIGHTS`: compute stays float),
 or computed by onnxruntime's integer kernels (:data:`INTEGER`: an LSTM as ``DynamicQuantizeLSTM``, a MatMul as
-``DynamicQuantizeMatMul``, both quantizing their float input at run time). A stored weight is dequantized by a
-``Cast`` and a ``Mul`` (:func:`dequantized`).
+``DynamicQuantizeMatMul``, both quantizing their float input at run time), or written in QDQ form with its input's
+scale calibrated (:data:`STATIC`: what static quantizers and NPU toolchains read). A stored weight is dequantized
+by a ``Cast`` and a ``Mul`` (:func:`dequantized`), a static MatMul's, Gemm's or Conv's by a ``DequantizeLinear``.
 """
 from __future__ import annotations
 
 import enum
+from typing import Optional
 
 import numpy as np
 import onnx
 from onnx import helper
 
 from ..builder import Writer
-from ..graph import attributes, nodes_of, opset_of, set_nodes, subgraphs
+from ..graph import attributes, nodes_of, opset_of, set_nodes, subgraphs, topological
 from .rounding import Rounded
 from .units import Unit, Weight
 
@@ -28,11 +30,22 @@ class Precision(enum.IntEnum):
     FLOAT = 0
     WEIGHTS = 1  # int8 weights, float compute
     INTEGER = 2  # int8 weights, integer compute (onnxruntime's kernels)
+    STATIC = 3  # int8 weights, its input quantized to uint8 on a calibrated scale (QDQ); a recurrent state float
 
     @property
     def words(self) -> str:
         return {Precision.FLOAT: "float", Precision.WEIGHTS: "int8 weights, float compute",
-                Precision.INTEGER: "int8 (integer compute in onnxruntime)"}[self]
+                Precision.INTEGER: "int8 (integer compute in onnxruntime)",
+                Precision.STATIC: "int8 weights and input (QDQ, calibrated)"}[self]
+
+    @property
+    def below(self) -> "Precision":
+        """The precision a unit steps down to past the budget."""
+        return Precision.FLOAT if self == Precision.WEIGHTS else \
+            Precision.WEIGHTS if self > Precision.WEIGHTS else Precision.FLOAT
+
+
+LEVELS = 256  # uint8 activations: 0..255, zero exactly on the grid
 
 
 def dequantized(writer: Writer, weight: Weight, rounded: Rounded, bodies: list) -> None:
@@ -66,9 +79,11 @@ def _bodies(graph: onnx.GraphProto, name: str) -> list:
             if any(name in inner.input for _, inner in nodes_of(body))]
 
 
-def written(model_proto: onnx.ModelProto, units: list, chosen: dict, rounded: dict) -> onnx.ModelProto:
+def written(model_proto: onnx.ModelProto, units: list, chosen: dict, rounded: dict,
+            ranges: Optional[dict] = None) -> onnx.ModelProto:
     """A copy of ``model_proto`` with each unit at its precision in ``chosen`` (unit name -> :class:`Precision`),
-    from its weights' ``rounded`` (initializer name -> :class:`Rounded`)."""
+    from its weights' ``rounded`` (initializer name -> :class:`Rounded`) and, static, its inputs' calibrated
+    ``ranges`` (unit name -> (lowest, highest)."""
     model = onnx.ModelProto()
     model.CopyFrom(model_proto)
     graph = model.graph
@@ -82,11 +97,15 @@ def written(model_proto: onnx.ModelProto, units: list, chosen: dict, rounded: di
         if precision == Precision.INTEGER:
             index = next(k for k, n in enumerate(graph.node) if (n.name or n.output[0]) == unit.name)
             replaced[index] = _integer(writer, graph.node[index], unit, rounded)
+        elif precision == Precision.STATIC:
+            _static(writer, unit, rounded, ranges[unit.name])
         else:
             for weight in unit.weights:
                 dequantized(writer, weight, rounded[weight.name], _bodies(graph, weight.name))
     dequantizing, built = list(writer.nodes), writer.initializers
     nodes = dequantizing + [n for k, node in enumerate(graph.node) for n in replaced.get(k, [node])]
+    if Precision.STATIC in chosen.values():  # a QuantizeLinear follows what computes its input
+        nodes = topological(nodes, set())
     set_nodes(graph, nodes)
     kept = [t for t in graph.initializer if t.name not in dropped]
     del graph.initializer[:]
@@ -94,6 +113,35 @@ def written(model_proto: onnx.ModelProto, units: list, chosen: dict, rounded: di
     if replaced and not any(o.domain == MICROSOFT for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(MICROSOFT, 1))
     return model
+
+
+def _static(writer: Writer, unit: Unit, rounded: dict, span: tuple) -> None:
+    """The unit in QDQ form: each input it multiplies (one calibrated scale for all, so every step and direction
+    shares it) through a ``QuantizeLinear`` to uint8 and a ``DequantizeLinear``; a MatMul's, Gemm's or Conv's
+    weight a per-channel ``DequantizeLinear`` of int8 values, what static quantizers fuse into integer kernels. A
+    recurrent node's weights keep the ``Cast`` and ``Mul`` (rknn-toolkit2 crashes building a ``DequantizeLinear``
+    feeding an LSTM or GRU); its gates and state compute in float."""
+    graph = writer.graph
+    low, high = min(span[0], 0.0), max(span[1], 0.0)
+    step = (high - low) / (LEVELS - 1) or 1.0
+    scale = writer.tensor(np.asarray(step, np.float32), f"{unit.name}_input_scale")
+    zero = writer.tensor(np.asarray(np.clip(round(-low / step), 0, LEVELS - 1), np.uint8), f"{unit.name}_input_zero")
+    readers = {reader for weight in unit.weights for reader, _ in weight.readers}
+    for name in unit.activations:
+        quantized = writer.op("QuantizeLinear", [name, scale, zero], f"{name}_quantized")
+        back = writer.op("DequantizeLinear", [quantized, scale, zero], f"{name}_dequantized")
+        for node in graph.node:
+            if (node.name or node.output[0]) in readers and node.input[0] == name:
+                node.input[0] = back
+    for weight in unit.weights:
+        q = rounded[weight.name]
+        if unit.hidden or writer.opset < 13:  # per-channel DequantizeLinear is opset 13's
+            dequantized(writer, weight, q, [])
+            continue
+        writer.op("DequantizeLinear", [writer.tensor(q.values, f"{weight.name}_int8"),
+                                       writer.tensor(q.scales.reshape(-1), f"{weight.name}_scales"),
+                                       writer.tensor(np.zeros(q.scales.size, np.int8), f"{weight.name}_zero")],
+                  weight.name, output_names=[weight.name], axis=weight.channel_axis)
 
 
 def _integer(writer: Writer, node: onnx.NodeProto, unit: Unit, rounded: dict) -> list:
@@ -138,10 +186,20 @@ def int8_held(model_proto: onnx.ModelProto, unit: Unit, precision: Precision) ->
         return "" if all(kernel.input[k] in int8 for k in ((1, 2) if unit.hidden else (1,))) else \
             "its integer kernel reads float weights"
     by_name = {n.name or n.output[0]: n for _, n in every}
+    if precision == Precision.STATIC:
+        for reader in {r for w in unit.weights for r, _ in w.readers}:
+            node = by_name.get(reader)
+            back = producer.get(node.input[0]) if node is not None else None
+            ahead = producer.get(back.input[0]) if back is not None and back.op_type == "DequantizeLinear" else None
+            if ahead is None or ahead.op_type != "QuantizeLinear":
+                return f"{reader} does not read its input through a QuantizeLinear and a DequantizeLinear"
     for weight in unit.weights:
         for reader, index in weight.readers:
             node = by_name.get(reader)
             mul = producer.get(node.input[index]) if node is not None and len(node.input) > index else None
+            if mul is not None and mul.op_type == "DequantizeLinear" and precision == Precision.STATIC and \
+                    mul.input[0] in int8:
+                continue
             cast = producer.get(mul.input[0]) if mul is not None and mul.op_type == "Mul" else None
             if cast is None or cast.op_type != "Cast" or cast.input[0] not in int8:
                 return f"{weight.name} is not computed from int8 values where {reader} reads it"

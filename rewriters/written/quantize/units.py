@@ -49,6 +49,9 @@ class Unit:
     output: str = ""  # the reading node's first output (an integer kernel's, once it computes the unit)
     lengths: str = ""  # a recurrent node's sequence_lens ("" where it has none)
     direction: str = FORWARD  # a recurrent node's direction
+    # the float tensors its readers multiply by the weights (a recurrent node's X, a MatMul's A; one per step
+    # written out), where every reader is in the main graph: one calibrated int8 scale for them all ("static")
+    activations: tuple = ()
 
 
 def hoisted(model_proto: onnx.ModelProto) -> onnx.ModelProto:
@@ -128,7 +131,7 @@ def units_of(model_proto: onnx.ModelProto) -> list:
             node = readers[0][0]
             found.append(Unit(node.name or node.output[0], node.op_type, (weight,),
                               integer=node.op_type == "MatMul" and len(readers) == 1 and readers[0][2],
-                              output=node.output[0]))
+                              output=node.output[0], activations=_activations(readers, initializers)))
     return found
 
 
@@ -144,7 +147,17 @@ def _recurrent(node: onnx.NodeProto, initializers: dict, slots: dict) -> Optiona
                       recurrent=True, readers=((here, 2),)))
     return Unit(here, node.op_type, weights, integer=node.op_type == "LSTM" and not attribute(node, "layout", 0),
                 hidden=int(attribute(node, "hidden_size", 0) or 0), output=slot(node.output, 0),
-                lengths=slot(node.input, 4), direction=attribute(node, "direction", FORWARD))
+                lengths=slot(node.input, 4), direction=attribute(node, "direction", FORWARD),
+                activations=_activations([(node, 1, True)], initializers))
+
+
+def _activations(readers: list, initializers: dict) -> tuple:
+    """The data inputs (input 0) the readers multiply by the weight, each once; () where a reader is in a
+    subgraph (no one tensor of the main graph to calibrate) or its data input is a constant."""
+    names = [node.input[0] for node, _, main in readers if main and node.input and node.input[0]]
+    if len(names) != len(readers) or any(name in initializers for name in names):
+        return ()
+    return tuple(dict.fromkeys(names))
 
 
 def _weight(name: str, tensor: onnx.TensorProto, readers: list) -> Optional[Weight]:
