@@ -72,9 +72,9 @@ _INTEGERS = frozenset({onnx.TensorProto.INT8, onnx.TensorProto.INT16, onnx.Tenso
                        onnx.TensorProto.UINT64})
 
 
-def obstacles(model_proto: onnx.ModelProto, row: Runtime) -> list:
+def obstacles(model_proto: onnx.ModelProto, row: Runtime, steps_written: bool = False) -> list:
     """What keeps ``row``'s runtime from computing ``model_proto`` as ONNX defines it (empty: nothing
-    among the facts the table holds)."""
+    among the facts the table holds). ``steps_written``: a layer of the model is written out as its steps."""
     constants: dict = {}
     found: list = []
     static = _static_inputs(model_proto)
@@ -92,6 +92,9 @@ def obstacles(model_proto: onnx.ModelProto, row: Runtime) -> list:
                 if graph is not model_proto.graph else whole
         found.extend(node_obstacles(node, row, constants, static, readers[id(graph)],
                                     shapes if graph is model_proto.graph else None))
+    if not row.qdq_steps and steps_written and "QuantizeLinear" in ops:
+        found.append(Obstacle("inputs", "fails on a model holding QDQ whose layers are written out as their steps",
+                              kind=Kind.OP))
     if not row.qdq_computed_recurrent_weights and "QuantizeLinear" in ops:
         found.extend(Obstacle(node.name or node.output[0], f"fails on {node.op_type} whose weights are computed in a "
                                                            "model holding QDQ (they must be constants)", kind=Kind.OP)

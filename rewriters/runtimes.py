@@ -134,6 +134,7 @@ class Runtime:
     # computes a recurrent node whose weights are computed (int8 ones dequantized) in a model holding QDQ (static
     # quantization's QuantizeLinear)
     qdq_computed_recurrent_weights: bool = True
+    qdq_steps: bool = True  # computes a model holding QDQ whose layers are written out as their steps
     unsized_split: bool = True  # computes a Split whose sizes are not given (equal parts)
     batched_conv: bool = True  # computes a Conv over several images at once (its input's axis 0 over 1)
     empty_concat: bool = True  # computes a Concat one of whose inputs is an empty constant
@@ -159,6 +160,7 @@ _LOOPING = frozenset({"Loop"})
 # what the portable form writes otherwise: masks compacted, zero states given, peephole cells as a Scan, reversals
 # of computed lengths gathered
 _PORTABLE_REMOVES = frozenset({Kind.SEQUENCE_LENS, Kind.INITIAL_STATES, Kind.PEEPHOLES, Kind.REVERSAL})
+_QDQ = frozenset({"QuantizeLinear", "DequantizeLinear"})  # static quantization's ops
 MASK_BOOLS = frozenset({"Equal", "Not", "Where", "And", "Or", "Less", "Greater", "GreaterOrEqual", "LessOrEqual"})
 
 RUNTIMES = (
@@ -168,7 +170,7 @@ RUNTIMES = (
     Runtime("openvino", "OpenVINO 2026.4", "portable", target_removes=_PORTABLE_REMOVES, sequence_lens="ignored",
             peepholes="wrong", activations={op: Activations(_KERNEL, silent=False, per_direction=False)
                                             for op in RECURRENT_OPS},
-            transposes_shared_y=False, if_unranked=False, qdq_computed_recurrent_weights=False,
+            transposes_shared_y=False, if_unranked=False, qdq_computed_recurrent_weights=False, qdq_steps=False,
             int8_weights="its CPU plugin quantizes the inputs of a layer whose weights are int8 at run time "
                          "(0.1% of a trained LSTM(128)'s output range off, measured); compile the model with "
                          "{'DYNAMIC_QUANTIZATION_GROUP_SIZE': '0'} for the float compute measured here",
@@ -181,7 +183,9 @@ RUNTIMES = (
                                          "graphs); an If whose outputs' rank shape inference leaves unknown fails "
                                          "to convert (a MinGRU's); in a model holding a QuantizeLinear, an LSTM or "
                                          "GRU whose weights are dequantized int8 ones fails to compile ('expects "
-                                         "Constant for port 4'), with float weights it is exact"),
+                                         "Constant for port 4'), with float weights it is exact, and stacks of "
+                                         "layers written out as their steps (the tvm target's form) fail ('cannot "
+                                         "be broadcasted (numpy mode)')"),
     Runtime("tract", "tract 0.23", "portable", target_removes=_PORTABLE_REMOVES,
             recurrent={op: frozenset({FORWARD, BIDIRECTIONAL}) for op in RECURRENT_OPS}, reverse_runs_forward=True,
             sequence_lens="constant", all_states_need_initial=frozenset({"LSTM"}),
@@ -201,9 +205,11 @@ RUNTIMES = (
             sequence_lens="ignored", scan_backward="none", package="onnx.reference",
             activations={"LSTM": Activations(defaults_only=True), "GRU": Activations(defaults_only=True),
                          "RNN": Activations(frozenset({"Tanh", "Affine"}), silent=False, per_direction=False)},
+            lacks=_QDQ,
             measured="its LSTM, GRU and RNN take sequence_lens and do not read it; its LSTM and GRU read no "
                      "activations (the defaults, silently), its RNN computes Tanh and Affine and refuses others; a "
-                     "Scan running backwards is not implemented"),
+                     "Scan running backwards is not implemented; QuantizeLinear and DequantizeLinear only from opset "
+                     "19 (onnx 1.23: 'No implementation for operator DequantizeLinear version 15')"),
     Runtime("iree", "IREE 3.13 (llvm-cpu)", "iree",
             recurrent={"LSTM": frozenset({FORWARD, BIDIRECTIONAL}), "GRU": frozenset({FORWARD}),
                        "RNN": frozenset({FORWARD})},
@@ -235,8 +241,8 @@ RUNTIMES = (
             activations={"LSTM": Activations(defaults_only=True, silent=False),
                          "GRU": Activations(defaults_only=True, silent=False),
                          "RNN": Activations(frozenset({"Tanh"}), silent=frozenset({"Relu"}))},
-            scan="none", lacks=_LOOPING | MASK_BOOLS | {"ReverseSequence", "If", "ScatterND", "GatherND", "CumSum",
-                                                         "GatherElements", "DFT"},
+            scan="none", lacks=_LOOPING | MASK_BOOLS | _QDQ | {"ReverseSequence", "If", "ScatterND", "GatherND",
+                                                                "CumSum", "GatherElements", "DFT"},
             negative_step_slice="dropped", strided_slice=False, rank5_gather=False, static_shapes=True,
             y_read_squeezed=True,
             package="ncnn",
@@ -262,13 +268,16 @@ RUNTIMES = (
                      "attribute (ONNX's default, constant), a Cast to float64 and a DFT are left as ops ncnn does "
                      "not load (keras-lmu's FFT memory); pnnx runs the model through onnxruntime on arbitrary values "
                      "of an integer input (an Embedding's ids: its Gather fails, 'indices element out of data "
-                     "bounds')"),
+                     "bounds'); from QuantizeLinear and DequantizeLinear pnnx writes a param/bin ncnn cannot load "
+                     "(static quantization: ncnn's own ncnn2int8 quantizes)"),
     Runtime("rknn", "rknn-toolkit2 2.5 simulator (rk3588, float16)", "rknn",
             reads_y_h=frozenset({"LSTM", "RNN"}), initial_states_needed=frozenset({"LSTM"}), sequence_lens="none",
-            scan="none", lacks=_LOOPING | {"If", "ReverseSequence"} | MASK_BOOLS, static_shapes=True,
+            scan="none", lacks=_LOOPING | {"If", "ReverseSequence"} | MASK_BOOLS | _QDQ, static_shapes=True,
             tolerance=2e-2, package="rknn.api", nodes_in_a_minute=100,
             measured="an LSTM without initial states at batch > 1 and a GRU whose Y_h is read crash its "
                      "converter; If and Loop refused; the mask's bool arithmetic aborts ('Not Support Dtype'); "
-                     "a Scan builds too slowly to use"),
+                     "a Scan builds too slowly to use; a model of 8 KB whose LSTM and RNN read a QuantizeLinear's "
+                     "DequantizeLinear did not build in 15 minutes (static quantization: its own build("
+                     "do_quantization=True) quantizes the float model)"),
 )
 BY_KEY = {runtime.key: runtime for runtime in RUNTIMES}

@@ -145,7 +145,7 @@ def test_the_static_form_computes_in_every_runtime_its_report_names(form, name, 
 
 def _check_quantized(form: str, name: str, mode: str, work: str) -> None:
     from tf2onnx_rnn.options import PORTABLE
-    from tf2onnx_rnn.quantization import quantize
+    from tf2onnx_rnn.quantization import check_mode, quantize
     from tf2onnx_rnn.rewriters.runtimes import RUNTIMES
 
     x, want, proto = converted(parity.FLAVORS[0], name, form)
@@ -153,6 +153,11 @@ def _check_quantized(form: str, name: str, mode: str, work: str) -> None:
         pytest.skip(f"refused: {proto} (test_runtime_targets checks the refusals)")
     report = report_of(proto)
     row = BY_KEY.get(form)
+    if row is not None and mode == "static" and "QuantizeLinear" in row.lacks:  # refused before converting
+        with pytest.raises(ConversionError) as refused:
+            check_mode(mode, None, row)
+        assert "\n" not in str(refused.value) and row.name in str(refused.value), refused.value
+        return
     rows = (row,) if row else tuple(r for r in RUNTIMES if r.target == PORTABLE) if form == PORTABLE else ()
     model, quantization = quantize(proto, mode, BUDGET, x if mode == "static" else None, {}, rows)
     steps = any(o.became == "steps" for o in report.outcomes)

@@ -39,7 +39,7 @@ def consumers_of(model_proto: onnx.ModelProto, written_for=None, steps_written: 
     model passes what that runtime compiles in about a minute, a line says so and names the chunked road)."""
     computing, notes, silent, served, unserved = [], [], [], {}, []
     for row in RUNTIMES:
-        found, why = _obstacles(model_proto, row)
+        found, why = _obstacles(model_proto, row, steps_written)
         if why:
             notes.append(f"{row.name}: not known whether it computes this model: {why}")
             unserved.append(row.key)
@@ -80,10 +80,10 @@ def _long_steps(model_proto: onnx.ModelProto, rows: list) -> list:
             "chunk (docs/downstream.md, 'Long sequences')"]
 
 
-def _obstacles(model_proto: onnx.ModelProto, row) -> tuple:
+def _obstacles(model_proto: onnx.ModelProto, row, steps_written: bool) -> tuple:
     """(``row``'s obstacles, a silent one first; "") or ([], why they are not known)."""
     try:
-        return sorted(obstacles(model_proto, row), key=lambda o: not o.silent), ""
+        return sorted(obstacles(model_proto, row, steps_written), key=lambda o: not o.silent), ""
     except Exception as error:  # noqa: BLE001 - the model is as converted; only this runtime's verdict is unknown
         logger.debug("reading %s's row of the runtimes table raised", row.name, exc_info=True)
         why = f"internal error: {type(error).__name__}: {error}"

@@ -54,6 +54,9 @@ def check_mode(quantize: Optional[str], max_error=None, row=None, training: bool
     if training:
         raise ConversionError(f"{param('quantize')} and the training target exclude each other (training updates "
                               "float weights)")
+    if quantize == "static" and row is not None and "QuantizeLinear" in row.lacks:
+        raise ConversionError(f"{param('quantize')} 'static' writes QDQ, which {row.name} does not compute from "
+                              f"ONNX (measured): quantize 'weights' for it, or quantize with its own tools")
     if quantize == "dynamic" and row is not None and "com.microsoft" not in row.domains:
         raise ConversionError(f"{param('quantize')} 'dynamic' writes onnxruntime's integer kernels, which {row.name} "
                               f"does not compute: quantize 'weights' for it")
@@ -90,7 +93,10 @@ def quantize(model_proto: onnx.ModelProto, mode: str, max_error: float, calibrat
     top = {u.name: Precision.INTEGER if mode == "dynamic" and u.integer and u.op not in slower else
            Precision.STATIC if mode == "static" and u.name in spans else Precision.WEIGHTS for u in units}
     kept = _kept_float(units, mode, runtimes)
-    top.update({name: Precision.FLOAT for name in kept})
+    # with no QDQ anywhere in the model its runtimes compute int8 weights: those units store them so
+    held = Precision.WEIGHTS if all(top[u.name] != Precision.STATIC for u in units if u.name not in kept) \
+        else Precision.FLOAT
+    top.update({name: held for name in kept})
     reference = outputs(model_proto, rounds)
 
     def measured(chosen: dict) -> tuple:
@@ -108,7 +114,8 @@ def quantize(model_proto: onnx.ModelProto, mode: str, max_error: float, calibrat
     alone: dict = {}
     while max(e for _, e in errors) > max_error and any(p > Precision.FLOAT for p in chosen.values()):
         if not alone:  # each unit's own cost: the model with it alone at its top precision
-            alone = {u.name: max(e for _, e in measured({u.name: top[u.name]})[1]) for u in units if u.name not in kept}
+            alone = {u.name: max(e for _, e in measured({u.name: top[u.name]})[1]) for u in units
+                     if top[u.name] > Precision.FLOAT}
         worst = max((name for name, p in chosen.items() if p > Precision.FLOAT), key=lambda n: (alone[n], chosen[n]))
         chosen[worst] = chosen[worst].below
         model, errors = measured(chosen)
@@ -127,22 +134,26 @@ def quantize(model_proto: onnx.ModelProto, mode: str, max_error: float, calibrat
     names = [o.name for o in model.graph.output]
     report.errors = [(names[k], abs_error, relative) for k, (abs_error, relative) in enumerate(errors)]
     report.layers = [LayerRow(_layer(unit, layer_names), unit.op, chosen[unit.name].words,
-                              _why(unit, chosen[unit.name], top[unit.name], mode, alone, failed, slower, kept))
+                              _why(unit, chosen[unit.name], top[unit.name], mode, alone, failed, slower, kept,
+                                   max_error))
                      for unit in units]
     logger.info("tf2onnx_rnn: %s", "; ".join(report.lines()))
     return model, report
 
 
-def _why(unit, precision, top, mode: str, alone: dict, failed: dict, slower: frozenset, kept: str) -> str:
+def _why(unit, precision, top, mode: str, alone: dict, failed: dict, slower: frozenset, kept: dict,
+         max_error: float) -> str:
     """Why ``unit`` is at ``precision`` and not further ("" where it is at the most its mode gives)."""
     from .rewriters.written.quantize.forms import Precision
 
-    if unit.name in kept:
+    if unit.name in kept and precision == top:
         return kept[unit.name]
     if precision != top:
         if unit.name in failed and alone.get(unit.name) == float("inf"):
             return f"onnxruntime fails on its {'QDQ' if mode == 'static' else 'integer'} form: {failed[unit.name]}"
-        return f"{alone.get(unit.name, 0):.2%} off alone at {top.words}: past the budget with the others"
+        cost = alone.get(unit.name, 0)
+        return f"{cost:.2%} off alone at {top.words}: " + \
+            ("past the budget" if cost > max_error else "past the budget with the others")
     if precision != Precision.WEIGHTS or mode == "weights":
         return ""
     if mode == "static":
@@ -160,7 +171,7 @@ def _why_float_compute(unit, slower: frozenset) -> str:
 
 
 def _kept_float(units: list, mode: str, runtimes: tuple) -> dict:
-    """Unit name -> why a runtime the form is for computes it only in float (``static``: a recurrent node in
+    """Unit name -> why a runtime the form is for computes it in no QDQ form (``static``: a recurrent node in
     OpenVINO, whose weights must be constants in a model holding QDQ)."""
     refusing = [row for row in runtimes if not row.qdq_computed_recurrent_weights]
     if mode != "static" or not refusing:
