@@ -185,8 +185,9 @@ def test_onnxruntime_computes_a_trained_lstm_with_its_integer_kernel_within_a_wi
 
 def test_a_claim_the_graph_does_not_hold_is_an_internal_error(monkeypatch):
     """The driver checks its claims against the written ops: a form that leaves a layer float while its
-    precision says int8 fails the conversion rather than reach the report."""
-    from tf2onnx_rnn import convert_keras
+    precision says int8 fails the conversion, in one line naming the internal error, rather than reach the
+    report."""
+    from tf2onnx_rnn import ConversionError, convert_keras
     from tf2onnx_rnn.rewriters.written.quantize import forms
 
     source = trained(parity.FLAVORS[0], "GRU")
@@ -204,8 +205,10 @@ def test_a_claim_the_graph_does_not_hold_is_an_internal_error(monkeypatch):
         return model
 
     monkeypatch.setattr(forms, "written", leaving_the_first_unit_float)
-    with pytest.raises(RuntimeError, match="would be reported int8.*not computed from int8 values"):
+    with pytest.raises(ConversionError, match="internal error while quantizing: RuntimeError: .*would be reported "
+                                              "int8.*not computed from int8 values") as refused:
         convert_keras(source.model, quantize="weights", calibration=x)
+    assert "\n" not in str(refused.value)
 
 
 def test_calibration_data_the_model_cannot_take_is_refused_in_one_line():

@@ -257,8 +257,15 @@ def _quantized(conversion: Conversion, checked, calibration, options: Options, v
              for o in report.outcomes if o.node}
     rows = (options.runtime,) if options.runtime else \
         tuple(row for row in RUNTIMES if row.target == PORTABLE) if options.portable else ()
-    model, report.quantization = quantize(conversion.model_proto, options.quantize, options.max_error, calibration,
-                                          names, rows)
+    try:
+        model, report.quantization = quantize(conversion.model_proto, options.quantize, options.max_error,
+                                              calibration, names, rows)
+    except ConversionError:
+        raise
+    except Exception as error:  # noqa: BLE001 - nothing is written: the float model stands, unquantized
+        logger.debug("quantizing raised", exc_info=True)
+        raise ConversionError(f"{param('quantize')} {options.quantize!r}: internal error while quantizing: "
+                              f"{type(error).__name__}: {first_line(str(error))}; convert without it") from None
     consumers = consumers_of(model, options.runtime, any(o.became == STEPS for o in report.outcomes))
     report.consumers, report.runs_in, report.runtime_notes = consumers.lines, consumers.runs_in, consumers.notes
     report.quantization.notes = [f"{BY_KEY[key].name}: {BY_KEY[key].int8_weights}" for key in report.runs_in
