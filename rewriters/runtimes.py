@@ -135,6 +135,7 @@ class Runtime:
     # quantization's QuantizeLinear)
     qdq_computed_recurrent_weights: bool = True
     qdq_steps: bool = True  # computes a model holding QDQ whose layers are written out as their steps
+    own_quantizer: str = ""  # how its own toolchain quantizes a float model, and how well (measured)
     unsized_split: bool = True  # computes a Split whose sizes are not given (equal parts)
     batched_conv: bool = True  # computes a Conv over several images at once (its input's axis 0 over 1)
     empty_concat: bool = True  # computes a Concat one of whose inputs is an empty constant
@@ -246,7 +247,7 @@ RUNTIMES = (
                                                                 "CumSum", "GatherElements", "DFT"},
             negative_step_slice="dropped", strided_slice=False, rank5_gather=False, static_shapes=True,
             y_read_squeezed=True,
-            package="ncnn",
+            package="ncnn", own_quantizer="its ncnn2int8 quantizes the converted model (not measured here)",
             nodes_in_a_minute=12000,
             measured="a forward recurrent node is mapped only when its Y alone is read, by a Squeeze of axis 1, and "
                      "no initial state is given; a bidirectional LSTM or GRU is mapped to ncnn's own bidirectional "
@@ -275,6 +276,10 @@ RUNTIMES = (
             reads_y_h=frozenset({"LSTM", "RNN"}), initial_states_needed=frozenset({"LSTM"}), sequence_lens="none",
             scan="none", lacks=_LOOPING | {"If", "ReverseSequence"} | MASK_BOOLS | _QDQ, static_shapes=True,
             tolerance=2e-2, package="rknn.api", nodes_in_a_minute=100,
+            own_quantizer="its build(do_quantization=True) of the rknn target's float model is 4.8-11% of the "
+                          "largest logit off on trained LSTM, GRU and SimpleRNN(128) classifiers (w8a8; mmse 37-41%), "
+                          "the error growing along the steps; with the recurrent layer kept float16 (hybrid "
+                          "quantization) 0.48-3.6% (docs/quantization.md)",
             measured="an LSTM without initial states at batch > 1 and a GRU whose Y_h is read crash its "
                      "converter; If and Loop refused; the mask's bool arithmetic aborts ('Not Support Dtype'); "
                      "a Scan builds too slowly to use; a model of 8 KB whose LSTM and RNN read a QuantizeLinear's "

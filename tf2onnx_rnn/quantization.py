@@ -56,7 +56,8 @@ def check_mode(quantize: Optional[str], max_error=None, row=None, training: bool
                               "float weights)")
     if quantize == "static" and row is not None and "QuantizeLinear" in row.lacks:
         raise ConversionError(f"{param('quantize')} 'static' writes QDQ, which {row.name} does not compute from "
-                              f"ONNX (measured): quantize 'weights' for it, or quantize with its own tools")
+                              f"ONNX (measured): quantize 'weights' for it" +
+                              (f"; {row.own_quantizer}" if row.own_quantizer else ""))
     if quantize == "dynamic" and row is not None and "com.microsoft" not in row.domains:
         raise ConversionError(f"{param('quantize')} 'dynamic' writes onnxruntime's integer kernels, which {row.name} "
                               f"does not compute: quantize 'weights' for it")
