@@ -9,9 +9,9 @@ This builds that graph by hand beside a float ``GRU`` node of the same weights (
 128 units, linear_before_reset=1), checks they agree within int8's error, and times both in onnxruntime with one
 thread, interleaved in five rounds of 200 calls each after a warm-up: the median of the rounds' ratios is printed.
 
-Measured (onnxruntime 1.32, 2 cores, docs/quantization.md): the int8 Scan takes 1.09-1.12x the float node's time
-(median 1.10x-1.12x over two runs), 1.8% of the output's range off: per-step node overhead outweighs the integer product, so
-``dynamic`` leaves a GRU's compute float.
+Measured (onnxruntime 1.32, 2 cores, docs/quantization.md): the int8 Scan takes 1.06-1.14x the float node's time
+(median 1.10x-1.11x over two runs), 1.8% of the output's range off: per-step node overhead outweighs the integer
+product, so ``dynamic`` leaves a GRU's compute float.
 """
 import time
 

@@ -127,6 +127,10 @@ def test_each_mode_keeps_a_trained_model_within_its_budget_on_held_out_data(flav
         if mode == "dynamic" and kind == "LSTM" and "integer" not in int8_fed(proto).values() and not stepped:
             problems.append(f"{label} the LSTM is not onnxruntime's integer kernel, and no row says why: "
                             f"{quantization.layers}")
+        keras_names = {layer.name for layer in source.model.layers}
+        unnamed = [row.layer for row in quantization.layers if row.layer not in keras_names]
+        if unnamed:
+            problems.append(f"{label} rows not named after a Keras layer: {unnamed}")
         if mode == "static" and not said.get("qdq"):
             problems.append(f"{label} no layer reads a calibrated int8 input: {quantization.layers}")
         if helpers.nodes_of_types(proto, {"Loop"}):

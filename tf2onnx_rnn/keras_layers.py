@@ -47,6 +47,28 @@ def inexpressible_activations(model) -> dict:
     return found
 
 
+def weight_owners(model) -> dict:
+    """The bytes of each matrix weight (float32, and transposed) -> the name of the model's layer holding it:
+    a layer of the model or of a model nested in it, its cells' and wrapped layers' weights included (a
+    Dense's kernel names the Dense; a recurrent cell's, its layer). What names a quantized layer in the report."""
+    found: dict = {}
+    pending = [layer for layer in getattr(model, "layers", []) or []]
+    while pending:
+        layer = pending.pop()
+        if getattr(layer, "layers", None) and not hasattr(layer, "cell"):  # a nested model: its own layers
+            pending.extend(layer.layers)
+            continue
+        try:
+            weights = [np.asarray(w, np.float32) for w in layer.get_weights()]
+        except Exception:  # noqa: BLE001 - a layer whose weights cannot be read names nothing
+            continue
+        for value in weights:
+            if value.ndim == 2:
+                found.setdefault(value.tobytes(), layer.name)
+                found.setdefault(np.ascontiguousarray(value.T).tobytes(), layer.name)
+    return found
+
+
 def layer_kinds(model) -> dict:
     """Report name of each recurrent layer -> its Keras class's name (a Bidirectional's: its layer's)."""
     return {name: type(layer).__name__ for layer, name in recurrent_layers(model).items()}

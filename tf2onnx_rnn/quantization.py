@@ -64,10 +64,10 @@ def check_mode(quantize: Optional[str], max_error=None, row=None, training: bool
 
 
 def quantize(model_proto: onnx.ModelProto, mode: str, max_error: float, calibration, layer_names: dict,
-             runtimes: tuple = ()) -> tuple:
+             runtimes: tuple = (), owners: Optional[dict] = None) -> tuple:
     """(the quantized model, its :class:`QuantizationReport`). ``layer_names``: a recurrent node's name -> its
     layer's. ``runtimes``: the rows of the runtimes the model's form is written for (a target's), whose facts
-    bound the form."""
+    bound the form. ``owners``: a source weight's float32 bytes -> its layer's name (the other units' names)."""
     from .rewriters.written.quantize import forms
     from .rewriters.written.quantize.forms import Precision
     from .rewriters.written.quantize.rounding import rounded
@@ -134,7 +134,8 @@ def quantize(model_proto: onnx.ModelProto, mode: str, max_error: float, calibrat
                                 scales=[float(np.max(np.abs(r))) if np.size(r) else 0.0 for r in reference])
     names = [o.name for o in model.graph.output]
     report.errors = [(names[k], abs_error, relative) for k, (abs_error, relative) in enumerate(errors)]
-    report.layers = [LayerRow(_layer(unit, layer_names), unit.op, chosen[unit.name].words,
+    named = _named(model_proto, units, layer_names, owners or {})
+    report.layers = [LayerRow(named[unit.name], unit.op, chosen[unit.name].words,
                               _why(unit, chosen[unit.name], top[unit.name], mode, alone, failed, slower, kept,
                                    max_error))
                      for unit in units]
@@ -203,8 +204,13 @@ def _relative(got: np.ndarray, want: np.ndarray) -> tuple:
     return error, error / scale if scale > 0 else (0.0 if error == 0 else float("inf"))
 
 
-def _layer(unit, layer_names: dict) -> str:
-    if unit.name in layer_names:
-        return layer_names[unit.name]
-    parts = [p for p in unit.name.split("/") if p]
-    return parts[-2] if len(parts) > 2 else unit.name
+def _named(model_proto: onnx.ModelProto, units: list, layer_names: dict, owners: dict) -> dict:
+    """Unit name -> the report's name of its layer: a recurrent node's layer, the source layer holding its weight,
+    or else the scope its node is in."""
+    named = {}
+    for unit in units:
+        owner = next((owners[key] for key in (_value(model_proto, w.name).astype(np.float32).tobytes()
+                                              for w in unit.weights) if key in owners), None) if owners else None
+        parts = [p for p in unit.name.split("/") if p]
+        named[unit.name] = layer_names.get(unit.name) or owner or (parts[-2] if len(parts) > 2 else unit.name)
+    return named

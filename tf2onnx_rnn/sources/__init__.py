@@ -35,6 +35,7 @@ class Frozen:
     # report name of a Keras LSTM, GRU or SimpleRNN -> the activations of it no ONNX recurrent node computes
     inexpressible: Optional[dict] = None
     layer_kinds: Optional[dict] = None  # report name of a Keras recurrent layer -> its class's name
+    weight_owners: Optional[dict] = None  # a Keras matrix weight's float32 bytes -> its layer's name
     traced: Optional[object] = None  # a Keras model's traced call (graph def, functions included): what it runs
     tflite_path: Optional[str] = None  # a TFLite file (then ``graph_def`` is None): tf2onnx reads it itself
     loops: Optional[list] = None  # the recurrent loops, when the source finds them (else read from graph_def)

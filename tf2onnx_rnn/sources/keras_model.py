@@ -12,7 +12,7 @@ from typing import Optional
 
 from ..errors import ConversionError, first_line, param
 from ..keras_kernels import cpu_kernels
-from ..keras_layers import inexpressible_activations, layer_kinds, recurrent_layers, stateful_layers
+from ..keras_layers import inexpressible_activations, layer_kinds, recurrent_layers, stateful_layers, weight_owners
 from . import Frozen, Source, check_input_shape
 from .outside_ops import executed_ops, outside, refuse_outside
 from .time_distributed import merged_time_axis
@@ -240,6 +240,7 @@ def freeze_keras(model, input_signature, options) -> Frozen:
     return Frozen(graph_def, getattr(model, "name", "keras"), inputs, outputs, renames, tables,
                   functools.partial(_layer_of_scope, scopes), stateful_layers=stateful_layers(model),
                   inexpressible=inexpressible_activations(model), layer_kinds=layer_kinds(model),
+                  weight_owners=weight_owners(model),
                   traced=traced, shape_override=_unranked_output_shapes(model, concrete, by_key, order) or None)
 
 
