@@ -41,8 +41,7 @@ class Precision(enum.IntEnum):
     @property
     def below(self) -> "Precision":
         """The precision a unit steps down to past the budget."""
-        return Precision.FLOAT if self == Precision.WEIGHTS else \
-            Precision.WEIGHTS if self > Precision.WEIGHTS else Precision.FLOAT
+        return Precision.WEIGHTS if self > Precision.WEIGHTS else Precision.FLOAT
 
 
 LEVELS = 256  # uint8 activations: 0..255, zero exactly on the grid
@@ -83,7 +82,7 @@ def written(model_proto: onnx.ModelProto, units: list, chosen: dict, rounded: di
             ranges: Optional[dict] = None) -> onnx.ModelProto:
     """A copy of ``model_proto`` with each unit at its precision in ``chosen`` (unit name -> :class:`Precision`),
     from its weights' ``rounded`` (initializer name -> :class:`Rounded`) and, static, its inputs' calibrated
-    ``ranges`` (unit name -> (lowest, highest)."""
+    ``ranges`` (unit name -> (lowest, highest))."""
     model = onnx.ModelProto()
     model.CopyFrom(model_proto)
     graph = model.graph
