@@ -58,9 +58,10 @@ def _ran(digest: str, key: str, run) -> list:
         _RAN[digest, key] = found = run()
         if path and not (found and found[0].startswith("not installed")):
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path + ".partial", "w") as handle:
+            partial = f"{path}.{os.getpid()}.partial"  # each process its own: two may write one model at once
+            with open(partial, "w") as handle:
                 json.dump(found, handle)
-            os.replace(path + ".partial", path)
+            os.replace(partial, path)
     return _RAN[digest, key]
 
 
