@@ -226,7 +226,7 @@ def run(source: Source, *, output_path: Optional[str] = None, verify: bool = Fal
     else:
         what, measured = check_output_shapes(checked, conversion)
     if options.quantize:
-        what = _quantized(conversion, checked, calibration, options, verify, what, frozen.weight_owners or {})
+        what = _quantized(conversion, checked, calibration, options, verify, what, frozen.weight_owners)
     conversion.report.checked = what
     states = [name for o in conversion.report.outcomes for name in o.state_inputs if name]
     conversion.report.dimensions = name_dimensions(conversion.model_proto, measured, keras=source.kind in KERAS_KINDS,
@@ -242,7 +242,7 @@ def run(source: Source, *, output_path: Optional[str] = None, verify: bool = Fal
 
 
 def _quantized(conversion: Conversion, checked, calibration, options: Options, verify: bool, what: str,
-               owners: dict) -> str:
+               owners) -> str:
     """The converted model quantized within its budget (:mod:`.quantization`), checked as a converted model is,
     and with ``verify`` compared with the source on the calibration data within that budget. Returns what was
     checked, in one line."""
@@ -260,7 +260,7 @@ def _quantized(conversion: Conversion, checked, calibration, options: Options, v
         tuple(row for row in RUNTIMES if row.target == PORTABLE) if options.portable else ()
     try:
         model, report.quantization = quantize(conversion.model_proto, options.quantize, options.max_error,
-                                              calibration, names, rows, owners)
+                                              calibration, names, rows, owners())
     except ConversionError:
         raise
     except Exception as error:  # noqa: BLE001 - nothing is written: the float model stands, unquantized

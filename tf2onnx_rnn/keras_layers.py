@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 
 import numpy as np
 
@@ -47,8 +48,13 @@ def inexpressible_activations(model) -> dict:
     return found
 
 
+def weight_key(value) -> str:
+    """What identifies a matrix weight's value (float32) in :func:`weight_owners`: a digest, not a copy."""
+    return hashlib.sha1(np.ascontiguousarray(value, np.float32).tobytes()).hexdigest()
+
+
 def weight_owners(model) -> dict:
-    """The bytes of each matrix weight (float32, and transposed) -> the name of the model's layer holding it:
+    """:func:`weight_key` of each matrix weight (and of it transposed) -> the name of the model's layer holding it:
     a layer of the model or of a model nested in it, its cells' and wrapped layers' weights included (a
     Dense's kernel names the Dense; a recurrent cell's, its layer). What names a quantized layer in the report."""
     found: dict = {}
@@ -64,8 +70,8 @@ def weight_owners(model) -> dict:
             continue
         for value in weights:
             if value.ndim == 2:
-                found.setdefault(value.tobytes(), layer.name)
-                found.setdefault(np.ascontiguousarray(value.T).tobytes(), layer.name)
+                found.setdefault(weight_key(value), layer.name)
+                found.setdefault(weight_key(value.T), layer.name)
     return found
 
 

@@ -19,6 +19,7 @@ import onnx
 from .calibration import calibration_rounds, moments, outputs, ranges
 from .errors import ConversionError, first_line, param
 from .feeds import feed_rounds
+from .keras_layers import weight_key
 from .report import LayerRow, QuantizationReport
 
 logger = logging.getLogger("tf2onnx_rnn")
@@ -67,7 +68,8 @@ def quantize(model_proto: onnx.ModelProto, mode: str, max_error: float, calibrat
              runtimes: tuple = (), owners: Optional[dict] = None) -> tuple:
     """(the quantized model, its :class:`QuantizationReport`). ``layer_names``: a recurrent node's name -> its
     layer's. ``runtimes``: the rows of the runtimes the model's form is written for (a target's), whose facts
-    bound the form. ``owners``: a source weight's float32 bytes -> its layer's name (the other units' names)."""
+    bound the form. ``owners``: a source weight's ``keras_layers.weight_key`` -> its layer's name (the other units'
+    names)."""
     from .rewriters.written.quantize import forms
     from .rewriters.written.quantize.forms import Precision
     from .rewriters.written.quantize.rounding import rounded
@@ -209,8 +211,8 @@ def _named(model_proto: onnx.ModelProto, units: list, layer_names: dict, owners:
     or else the scope its node is in."""
     named = {}
     for unit in units:
-        owner = next((owners[key] for key in (_value(model_proto, w.name).astype(np.float32).tobytes()
-                                              for w in unit.weights) if key in owners), None) if owners else None
+        owner = next((owners[key] for key in (weight_key(_value(model_proto, w.name)) for w in unit.weights)
+                      if key in owners), None) if owners else None
         parts = [p for p in unit.name.split("/") if p]
         named[unit.name] = layer_names.get(unit.name) or owner or (parts[-2] if len(parts) > 2 else unit.name)
     return named

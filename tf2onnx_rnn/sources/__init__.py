@@ -35,7 +35,9 @@ class Frozen:
     # report name of a Keras LSTM, GRU or SimpleRNN -> the activations of it no ONNX recurrent node computes
     inexpressible: Optional[dict] = None
     layer_kinds: Optional[dict] = None  # report name of a Keras recurrent layer -> its class's name
-    weight_owners: Optional[dict] = None  # a Keras matrix weight's float32 bytes -> its layer's name
+    # -> {keras_layers.weight_key of a Keras matrix weight: its layer's name}, called only where a quantization names
+    # its layers
+    weight_owners: Callable[[], dict] = dict
     traced: Optional[object] = None  # a Keras model's traced call (graph def, functions included): what it runs
     tflite_path: Optional[str] = None  # a TFLite file (then ``graph_def`` is None): tf2onnx reads it itself
     loops: Optional[list] = None  # the recurrent loops, when the source finds them (else read from graph_def)

@@ -240,7 +240,7 @@ def freeze_keras(model, input_signature, options) -> Frozen:
     return Frozen(graph_def, getattr(model, "name", "keras"), inputs, outputs, renames, tables,
                   functools.partial(_layer_of_scope, scopes), stateful_layers=stateful_layers(model),
                   inexpressible=inexpressible_activations(model), layer_kinds=layer_kinds(model),
-                  weight_owners=weight_owners(model),
+                  weight_owners=functools.partial(weight_owners, model),
                   traced=traced, shape_override=_unranked_output_shapes(model, concrete, by_key, order) or None)
 
 
