@@ -1,6 +1,6 @@
 """How long each runtime takes to compile a model whose layers are written out as their steps, by length.
 
-    python benchmarks/long_sequences.py                       # T = 25, 50, 100, 200, 400; every runtime
+    python benchmarks/long_sequences.py                       # each runtime at the lengths around its minute
     python benchmarks/long_sequences.py --times 25 50 --runtimes tvm
 
 An LSTM(64) and a GRU(64) over F=16 features at batch 1, Keras 3, random weights, converted with the tvm
@@ -10,7 +10,7 @@ prepares a model there (its interpreter named by ``TF2ONNX_RNN_<RUNTIME>_PYTHON`
 fresh process, and run once against Keras. The table gives the written model's nodes and the seconds each
 runtime took to prepare it; the rows' facts (``steps_in_a_minute``: the steps written out a runtime compiles
 in about a minute) come from it.
-Results: benchmarks/results/long_sequences.md.
+Results: benchmarks/results/long_sequences.md and .json.
 """
 from __future__ import annotations
 
@@ -25,6 +25,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 HERE = os.path.dirname(os.path.abspath(__file__))
 RUNNER = os.path.join(HERE, "..", "tf2onnx_rnn", "runtime_runs.py")
 FEATURES, UNITS = 16, 64
+# the lengths measured by default: around where each runtime's compile passes a minute (about 27 nodes a step)
+LENGTHS = {"tvm": [50, 100, 200, 300, 400], "iree": [50, 100, 200, 300, 400], "ncnn": [100, 200, 400, 600, 700],
+           "rknn": [4, 8, 16, 20, 25]}
 
 import numpy as np  # noqa: E402
 
@@ -87,27 +90,63 @@ def measure(runtime: str, time: int, work: str) -> dict:
     return {**row, "seconds": json.loads(done.stdout.strip().splitlines()[-1])["seconds"], "error": error}
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--times", type=int, nargs="+", default=[25, 50, 100, 200, 400])
-    parser.add_argument("--runtimes", nargs="+", default=["tvm", "iree", "ncnn", "rknn"])
-    parser.add_argument("--out", default=os.path.join(HERE, "results"))
-    args = parser.parse_args(argv)
-    rows = []
-    with tempfile.TemporaryDirectory() as work:
-        for runtime in args.runtimes:
-            for time in args.times:
-                rows.append(measure(runtime, time, work))
-                print(json.dumps(rows[-1]), flush=True)
-    lines = ["| runtime | steps | nodes | compile s | max abs error |", "|---|---|---|---|---|"]
-    for r in rows:
+def minute(rows: list, runtime: str):
+    """The nodes ``runtime`` compiles in about a minute: interpolated between the two lengths measured around
+    it (None where the lengths do not bracket a minute)."""
+    runs = sorted((r["nodes"], r["seconds"]) for r in rows if r["runtime"] == runtime and r.get("seconds") is not None)
+    for (nodes, seconds), (more, longer) in zip(runs, runs[1:]):
+        if seconds <= 60 < longer:
+            return int(nodes + (60 - seconds) * (more - nodes) / (longer - seconds))
+    return None
+
+
+def render(measured: dict) -> str:
+    lines = [measured["header"], "", "| runtime | steps | nodes | compile s | max abs error |", "|---|---|---|---|---|"]
+    for r in measured["rows"]:
         seconds = f"{r['seconds']:.1f}" if r.get("seconds") is not None else r.get("note", "-")
         error = f"{r['error']:.1e}" if "error" in r else "-"
         lines.append(f"| {r['runtime']} | {r['time']} | {r['nodes']} | {seconds} | {error} |")
-    os.makedirs(args.out, exist_ok=True)
+    runtimes = dict.fromkeys(r["runtime"] for r in measured["rows"])
+    lines += ["", "Compiled in about a minute (interpolated between the lengths around it; the rows' "
+              "`nodes_in_a_minute`): " + "; ".join(f"{k} {minute(measured['rows'], k) or 'not bracketed'} nodes"
+                                                   for k in runtimes) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--times", type=int, nargs="+", help="the lengths, for every runtime named (default: LENGTHS)")
+    parser.add_argument("--runtimes", nargs="+", default=["tvm", "iree", "ncnn", "rknn"])
+    parser.add_argument("--out", default=os.path.join(HERE, "results"))
+    parser.add_argument("--render", action="store_true", help="write the table again from the results' json")
+    args = parser.parse_args(argv)
+    path = os.path.join(args.out, "long_sequences.json")
+    if args.render:
+        with open(path) as handle:
+            measured = json.load(handle)
+    else:
+        rows = []
+        with tempfile.TemporaryDirectory() as work:
+            for runtime in args.runtimes:
+                for time in args.times or LENGTHS[runtime]:
+                    rows.append(measure(runtime, time, work))
+                    print(json.dumps(rows[-1]), flush=True)
+        import platform
+        import time as clock
+
+        when = clock.strftime("%Y-%m-%d %H:%M UTC", clock.gmtime())
+        header = (f"Written by `python benchmarks/long_sequences.py` on {when} "
+                  f"({platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, load average at the end "
+                  f"{os.getloadavg()[0]:.2f}). An LSTM({UNITS}) and a GRU({UNITS}) over {FEATURES} features "
+                  "at batch 1, the tvm target's form (every layer's steps written out); compile s: preparing the model "
+                  "as tf2onnx_rnn/runtime_runs.py does, in a fresh process.")
+        measured = {"header": header, "rows": rows}
+        os.makedirs(args.out, exist_ok=True)
+        with open(path, "w") as handle:
+            json.dump(measured, handle, indent=1)
     with open(os.path.join(args.out, "long_sequences.md"), "w") as handle:
-        handle.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+        handle.write(render(measured))
+    print(render(measured))
     return 0
 
 

@@ -464,6 +464,24 @@ def test_a_model_of_more_steps_than_its_runtime_compiles_in_a_minute_says_so_and
     assert "rknn" in report.runs_in and len(lines) == 1 and "rknn-toolkit2" in lines[0] and "TVM" not in lines[0], lines
 
 
+def test_each_targets_minute_is_what_the_long_sequence_benchmark_measured():
+    """A row's ``nodes_in_a_minute`` lies between the largest model its runtime compiled within a minute and the
+    smallest it took longer on, in benchmarks/results/long_sequences.json: measured on both sides, not guessed."""
+    import json
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "results", "long_sequences.json")
+    with open(path) as handle:
+        measured = [row for row in json.load(handle)["rows"] if row.get("seconds") is not None]
+    for target in TARGETS:
+        runs = [row for row in measured if row["runtime"] == target]
+        within = [row["nodes"] for row in runs if row["seconds"] <= 60]
+        past = [row["nodes"] for row in runs if row["seconds"] > 60]
+        assert within and past, (target, runs)  # the benchmark's lengths bracket the minute
+        assert max(within) <= BY_KEY[target].nodes_in_a_minute < min(past), (target, BY_KEY[target].nodes_in_a_minute,
+                                                                             runs)
+
+
 def test_every_runtime_target_has_its_row_and_every_row_its_evidence():
     for target in TARGETS:
         row = BY_KEY[target]
