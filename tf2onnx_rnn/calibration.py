@@ -2,9 +2,10 @@
 
 ``calibration`` is an array (the model's one input), a dict of input name -> array, or a list of such dicts
 (one round each); arrays are in the source's layout. They are cut into rounds the model takes (a fixed batch:
-rounds of that batch) and cast to the inputs' types. :func:`moments` runs the float model on them and sums, for
-each weight of a quantizable unit, ``x^T x`` of what the weight multiplies: the inputs of a recurrent node at
-the steps each row keeps, its own output of the step before, a MatMul's first input.
+rounds of that batch) and cast to the inputs' types. :func:`observed` runs the float model on them once: its
+outputs, and for each weight of a quantizable unit the sum of ``x^T x`` of what the weight multiplies (the
+inputs of a recurrent node at the steps each row keeps, its own output of the step before, a MatMul's first
+input), and each unit's input range where a mode calibrates one.
 """
 from __future__ import annotations
 
@@ -80,8 +81,30 @@ def outputs(model_proto: onnx.ModelProto, rounds: list) -> list:
     """Every output of the model over all rounds: one array each, the rounds' rows end to end where the
     output has a batch axis (else the rounds' arrays stacked)."""
     runner, specs = one_thread_session(model_proto), fed_specs(model_proto)
-    results = [runner.run(None, feeds_of(model_proto, specs, arrays)) for arrays in rounds]
+    return _joined([runner.run(None, feeds_of(model_proto, specs, arrays)) for arrays in rounds])
+
+
+def _joined(results: list) -> list:
     return [np.concatenate([np.reshape(r[k], (-1,)) for r in results]) for k in range(len(results[0]))]
+
+
+def observed(model_proto: onnx.ModelProto, units: list, rounds: list, spans: bool = False) -> tuple:
+    """One run of the float model over ``rounds``: its outputs (as :func:`outputs` gives them), weight name ->
+    ``[H, ...]`` (one per direction of a recurrent weight) the second moments of what the weight multiplies
+    (none for a weight whose input is not in the main graph) and, with ``spans``, unit name -> (lowest, highest)
+    of what its weights multiply (all its ``activations``, one range for them all: every step and direction
+    shares it). A recurrent node's moments and range count the steps its rows keep only."""
+    taps = [name for unit in units for name in [w.meets for w in unit.weights] + [unit.lengths] if name]
+    if spans:
+        taps += [name for unit in units for name in unit.activations]
+    names = [o.name for o in model_proto.graph.output]
+    results, sums, found = [], {}, {}
+    for values in _tapped(model_proto, taps, rounds):
+        results.append([values[name] for name in names])
+        _add_moments(sums, units, values)
+        if spans:
+            _widen(found, units, values)
+    return _joined(results), sums, found
 
 
 def _tapped(model_proto: onnx.ModelProto, taps: list, rounds: list):
@@ -97,21 +120,15 @@ def _tapped(model_proto: onnx.ModelProto, taps: list, rounds: list):
         yield dict(zip(names, runner.run(None, feeds_of(model_proto, specs, arrays))))
 
 
-def ranges(model_proto: onnx.ModelProto, units: list, rounds: list) -> dict:
-    """Unit name -> (lowest, highest) of what its weights multiply over ``rounds`` (all its ``activations``, one
-    range for them all: every step and direction shares it), the steps a recurrent node's rows keep only."""
-    taps = [name for unit in units for name in unit.activations + ((unit.lengths,) if unit.lengths else ())]
-    found: dict = {}
-    for values in (_tapped(model_proto, taps, rounds) if taps else ()):
-        for unit in (u for u in units if u.activations):
-            for name in unit.activations:
-                met = np.asarray(values[name], np.float64)
-                if unit.hidden:  # X [T, B, I]: the steps each row keeps
-                    met = met[_kept(values.get(unit.lengths) if unit.lengths else None, met.shape[0], met.shape[1])]
-                if met.size:
-                    low, high = found.get(unit.name, (0.0, 0.0))
-                    found[unit.name] = (min(low, float(met.min())), max(high, float(met.max())))
-    return found
+def _widen(found: dict, units: list, values: dict) -> None:
+    for unit in (u for u in units if u.activations):
+        for name in unit.activations:
+            met = np.asarray(values[name], np.float64)
+            if unit.hidden:  # X [T, B, I]: the steps each row keeps
+                met = met[_kept(values.get(unit.lengths) if unit.lengths else None, met.shape[0], met.shape[1])]
+            if met.size:
+                low, high = found.get(unit.name, (0.0, 0.0))
+                found[unit.name] = (min(low, float(met.min())), max(high, float(met.max())))
 
 
 def _kept(lengths, steps: int, batch: int) -> np.ndarray:
@@ -120,21 +137,13 @@ def _kept(lengths, steps: int, batch: int) -> np.ndarray:
     return np.broadcast_to(kept, (steps, batch))
 
 
-def moments(model_proto: onnx.ModelProto, units: list, rounds: list) -> dict:
-    """Weight name -> ``[H, ...]`` (one per direction of a recurrent weight): the second moments of what the
-    weight multiplies over ``rounds``. A weight whose input is not in the main graph has none."""
-    taps = [name for unit in units for name in [w.meets for w in unit.weights] + [unit.lengths] if name]
-    if not taps:
-        return {}
-    sums: dict = {}
-    for values in _tapped(model_proto, taps, rounds):
-        for unit in units:
-            for weight in unit.weights:
-                if weight.meets in values:
-                    found = _unit_moments(unit, weight, values)
-                    sums[weight.name] = found if weight.name not in sums else \
-                        [a + b for a, b in zip(sums[weight.name], found)]
-    return sums
+def _add_moments(sums: dict, units: list, values: dict) -> None:
+    for unit in units:
+        for weight in unit.weights:
+            if weight.meets in values:
+                found = _unit_moments(unit, weight, values)
+                sums[weight.name] = found if weight.name not in sums else \
+                    [a + b for a, b in zip(sums[weight.name], found)]
 
 
 def _unit_moments(unit, weight, values: dict) -> list:

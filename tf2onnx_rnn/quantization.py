@@ -16,7 +16,7 @@ from typing import Optional
 import numpy as np
 import onnx
 
-from .calibration import calibration_rounds, moments, outputs, ranges
+from .calibration import calibration_rounds, observed, outputs
 from .errors import ConversionError, first_line, param
 from .feeds import feed_rounds
 from .keras_layers import weight_key
@@ -82,17 +82,17 @@ def quantize(model_proto: onnx.ModelProto, mode: str, max_error: float, calibrat
                               f"MatMul, Gemm or Conv reads a float constant of {SMALLEST} values or more)")
     if calibration is not None:
         rounds, data = calibration_rounds(model_proto, calibration), "the calibration data"
-        held = moments(model_proto, units, rounds)
+        reference, second, spans = observed(model_proto, units, rounds, spans=mode == "static")
     else:
         _, rounds = feed_rounds(model_proto, 0, None)  # the verification's seeded random rounds
-        data, held = "seeded random inputs (no calibration data given)", {}
+        data, second, spans = "seeded random inputs (no calibration data given)", {}, {}
+        reference = outputs(model_proto, rounds)
     rows = sum(len(r[0]) for r in rounds)
     data += f" ({rows} row{'s' * (rows != 1)})"
     stored = {w.name: rounded(_value(model_proto, w.name), (0, w.channel_axis) if w.per_direction
-                              else (w.channel_axis,), w.contracted_axis, held.get(w.name))
+                              else (w.channel_axis,), w.contracted_axis, second.get(w.name))
               for unit in units for w in unit.weights}
     slower = SLOWER_AT_BATCH_ONE if _batch_of_one(model_proto) else frozenset()
-    spans = ranges(model_proto, units, rounds) if mode == "static" else {}
     top = {u.name: Precision.INTEGER if mode == "dynamic" and u.integer and u.op not in slower else
            Precision.STATIC if mode == "static" and u.name in spans else Precision.WEIGHTS for u in units}
     kept = _kept_float(units, mode, runtimes)
@@ -100,7 +100,6 @@ def quantize(model_proto: onnx.ModelProto, mode: str, max_error: float, calibrat
     held = Precision.WEIGHTS if all(top[u.name] != Precision.STATIC for u in units if u.name not in kept) \
         else Precision.FLOAT
     top.update({name: held for name in kept})
-    reference = outputs(model_proto, rounds)
 
     def measured(chosen: dict) -> tuple:
         model = forms.written(model_proto, units, chosen, stored, spans)
