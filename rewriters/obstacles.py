@@ -192,6 +192,10 @@ def node_obstacles(node: onnx.NodeProto, row: Runtime, constants: dict, static: 
     if node.op_type == "Gather" and not row.rank5_gather and np.ndim(constants.get(node.input[1], [])) == 0 \
             and len((shapes or {}).get(node.input[0]) or []) == 5:
         return [Obstacle(name, "has no Gather of one index from a tensor of rank 5", kind=Kind.OP)]
+    if node.op_type in ("ReduceSum", "ReduceMean") and not row.reduces_one_axis_input and slot(node.input, 1) \
+            and np.size(constants.get(node.input[1], [])) == 1:
+        return [Obstacle(name, f"reduces nothing in a {node.op_type} of one axis given as an input", True,
+                         Kind.REDUCE)]
     if node.op_type == "Slice" and not row.strided_slice and _strided(node, constants):
         return [Obstacle(name, "has no Slice of a step other than 1 and -1", kind=Kind.SLICE)]
     return []

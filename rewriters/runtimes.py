@@ -50,6 +50,7 @@ class Kind(str, enum.Enum):
     SPLIT = "split"  # a Split without sizes
     PAD = "pad"  # a Pad without a mode
     GATHER = "gather"
+    REDUCE = "reduce"  # a ReduceSum or ReduceMean of one axis given as an input
     REVERSAL = "reversal"  # ReverseSequence
     BOOL = "bool"  # the mask's bool arithmetic
     FLOAT64 = "float64"
@@ -125,6 +126,8 @@ class Runtime:
     negative_step_slice: str = "exact"  # "exact", "dropped" (silently)
     strided_slice: bool = True  # computes a Slice of a step other than 1 and -1
     rank5_gather: bool = True  # computes a Gather of one index from a tensor of rank 5
+    # reduces a ReduceSum or ReduceMean along its one axis given as an input (from opset 13 and 18)
+    reduces_one_axis_input: bool = True
     static_shapes: bool = False  # compiles for fixed shapes only
     given_states: bool = True  # maps a recurrent node whose initial states are given
     shared_weights: bool = True  # maps a MatMul whose constant weight other MatMuls read too
@@ -246,7 +249,8 @@ RUNTIMES = (
                          "RNN": Activations(frozenset({"Tanh"}), silent=frozenset({"Relu"}))},
             scan="none", lacks=_LOOPING | MASK_BOOLS | _QDQ | {"ReverseSequence", "If", "ScatterND", "GatherND",
                                                                 "CumSum", "GatherElements", "DFT"},
-            negative_step_slice="dropped", strided_slice=False, rank5_gather=False, static_shapes=True,
+            negative_step_slice="dropped", strided_slice=False, rank5_gather=False, reduces_one_axis_input=False,
+            static_shapes=True,
             y_read_squeezed=True,
             package="ncnn", own_quantizer="its ncnn2int8 quantizes the converted model (not measured here)",
             nodes_in_a_minute=16900,
@@ -264,7 +268,11 @@ RUNTIMES = (
                      "at rank 5 (pnnx: '5-rank tensor is not supported'); a Slice with step -1 is silently dropped, "
                      "one of another step over 1 left as Tensor.slice, which does not load (a MinGRU's); a Gather of "
                      "one index from a rank-5 tensor left as torch.unbind, which does not load (an LMUFeedforward's "
-                     "spectrum); "
+                     "spectrum without a hidden cell; with one, the same Gathers map: refused in both, as the graphs "
+                     "do not tell them apart); a "
+                     "ReduceSum (opset 13 on) or ReduceMean (opset 18 on) of one axis given as an input reduces "
+                     "nothing, silently (pnnx writes its Reduction without axes: single-node probes at ranks 2-4; "
+                     "an LTC cell's sums), of two axes it reduces both; "
                      "a Split without its sizes becomes a Slice without them, which ends the process; no "
                      "GatherElements, Scan, If, Loop, ReverseSequence or the mask's bool ops; a masked layer as its "
                      "own step with its mask as float 0/1 arithmetic computes exactly; a Pad without its mode "

@@ -29,7 +29,7 @@ from runtime_models import BATCH, FEATURES, MODELS, TARGETS, TIME, UNITS, conver
 from runtime_models import model as _model
 from tf2onnx_rnn import ConversionError, convert_keras, report_of
 from tf2onnx_rnn.rewriters.obstacles import node_obstacles, obstacles
-from tf2onnx_rnn.rewriters.runtimes import BIDIRECTIONAL, BY_KEY, RUNTIMES
+from tf2onnx_rnn.rewriters.runtimes import BIDIRECTIONAL, BY_KEY, MODEL_KINDS, RUNTIMES
 from tf2onnx_rnn.rewriters.written.builder import Writer
 from tf2onnx_rnn.rewriters.written.graph import attribute
 from tf2onnx_rnn.rewriters.written.lower.forward import (
@@ -293,6 +293,71 @@ def test_a_gather_of_one_index_from_a_rank_5_tensor_is_ncnns_obstacle(rank):
     found = [(o.kind, o.why) for o in obstacles(model, BY_KEY["ncnn"])]
     assert found == ([("op", "has no Gather of one index from a tensor of rank 5")] if rank == 5 else [])
     assert not obstacles(model, BY_KEY["openvino"])
+
+
+REDUCTIONS = [("ReduceSum", 15, [1, 6, 10], 1, 0), ("ReduceSum", 15, [1, 6, 10], 2, 1),
+              ("ReduceSum", 15, [1, 10], 1, 0), ("ReduceSum", 15, [12, 1, 5, 10], 3, 0),
+              ("ReduceSum", 17, [1, 4, 6, 10], 1, 1), ("ReduceSum", 17, [1, 4, 6, 10], -1, 0),
+              ("ReduceMean", 18, [1, 6, 10], 1, 0), ("ReduceMean", 18, [3, 1, 10], 0, 1)]
+
+
+def _reduction(op: str, opset: int, shape: list, axis: int, keep: int):
+    """A model computing ``op`` of x * x along ``axis``, given as an input, and its feeds."""
+    graph = helper.make_graph([helper.make_node("Mul", ["x", "x"], ["m"]),
+                               helper.make_node(op, ["m", "axes"], ["y"], keepdims=keep)], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(np.array([axis], np.int64), "axes")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    return model, {"x": np.random.default_rng(len(shape) + axis).normal(size=shape).astype(np.float32)}
+
+
+def _rung_applied(model: onnx.ModelProto) -> onnx.ModelProto:
+    from tf2onnx_rnn.rewriters.written.graph import static_shapes
+    from tf2onnx_rnn.rewriters.written.lower.op_rungs import OP_RUNGS
+
+    after = onnx.ModelProto()
+    after.CopyFrom(model)
+    constants = {t.name: numpy_helper.to_array(t) for t in after.graph.initializer}
+    node = after.graph.node[1]
+    writer = Writer(after.graph, after.opset_import[0].version)
+    OP_RUNGS[node.op_type, "reduce"](node, static_shapes(after), constants, writer)
+    return after
+
+
+@pytest.mark.parametrize("op,opset,shape,axis,keep", REDUCTIONS, ids=str)
+def test_a_reduction_of_one_axis_given_as_an_input_is_ncnns_silent_obstacle_and_its_rung_the_same(
+        op, opset, shape, axis, keep):
+    """pnnx writes a ReduceSum (ReduceMean from opset 18) of one axis given as an input as an ncnn Reduction of no
+    axis, which reduces nothing (an LTC cell's sums: its output came out [1, 1, 24, 10, 10] for [1, 12, 2]);
+    along two axes it reduces both. The rung adds an axis of size 1 to the reduction: the same values."""
+    model, feeds = _reduction(op, opset, shape, axis, keep)
+    def found(proto):  # the nodes' obstacles (a batch over 1 is the model's: ncnn computes a row at a time)
+        return [(o.kind, o.silent) for o in obstacles(proto, BY_KEY["ncnn"]) if o.kind not in MODEL_KINDS]
+
+    assert found(model) == [("reduce", True)] and not obstacles(model, BY_KEY["openvino"]), found(model)
+    after = _rung_applied(model)
+    assert not found(after), found(after)
+    _assert_same(model, after, feeds)
+
+
+def test_a_reduction_of_one_axis_rewritten_by_its_rung_equals_onnxruntime_in_its_runtime(tmp_path):
+    """The rung's reductions in ncnn itself (each failed there as written, reducing nothing)."""
+    python = _python("ncnn")
+    if python is None:
+        pytest.skip(f"{BY_KEY['ncnn'].name} is not installed (set TF2ONNX_RNN_NCNN_PYTHON)")
+    from tf2onnx_rnn.runtime_check import RuntimeSession
+
+    for k, case in enumerate(c for c in REDUCTIONS if c[2][0] == 1):  # ncnn's rows: a batch of one
+        model, feeds = _reduction(*case)
+        want = helpers.ort_session(model).run(None, feeds)[0]
+        (tmp_path / str(k)).mkdir()
+        runtime = RuntimeSession(_rung_applied(model), BY_KEY["ncnn"], python, str(tmp_path / str(k)))
+        got = runtime.run(None, feeds)[0]
+        # its blobs keep no rank: the axes of size 1 aside, the shape is the reduced one (unreduced, it is not)
+        assert np.squeeze(got).shape == np.squeeze(want).shape, (case, got.shape, want.shape)
+        np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-5, err_msg=str(case))
 
 
 def test_moves_of_axes_of_size_1_merge_into_one_transpose():

@@ -121,6 +121,28 @@ def _pad_moded(node, shapes: dict, constants: dict, w: Writer) -> bool:
     return True
 
 
+def _reduced_with_a_unit_axis(node, shapes: dict, constants: dict, w: Writer) -> bool:
+    """A ``ReduceSum`` or ``ReduceMean`` of one axis given as an input, of a tensor with another axis of size 1 (a
+    batch of one), as the same reduction of both axes, the unit axis put back where ``keepdims`` is 0: the same
+    values (ncnn reduces along two axes given, and along one given not at all; measured at ranks 2-4)."""
+    shape = shapes.get(node.input[0])
+    axis = int(np.ravel(constants[node.input[1]])[0]) % len(shape) if shape else 0
+    unit = next((k for k, size in enumerate(shape or ()) if size == 1 and k != axis), None)
+    if unit is None or not 2 <= len(shape) <= 4:
+        raise CannotLower(f"a {node.op_type} of one axis has another form here only for a tensor of rank 2 to 4 "
+                          "with another axis of size 1")
+    name, keep = node.name or node.output[0], int(attribute(node, "keepdims", 1))
+    both = w.ints(sorted((unit, axis)), f"{node.output[0]}_axes")
+    reduced = w.op(node.op_type, [node.input[0], both], name if keep else f"{node.output[0]}_reduced",
+                   output_names=list(node.output) if keep else None, keepdims=keep)
+    if not keep:  # the unit axis back, where it stands once the reduced one is gone
+        w.op("Unsqueeze", [reduced, w.ints([unit - (axis < unit)], f"{node.output[0]}_unit")],
+             f"{node.output[0]}_unsqueezed", output_names=list(node.output))
+    w.replace([node])
+    return True
+
+
 OP_RUNGS = {("Concat", Kind.EMPTY): _concat_of_parts, ("GatherElements", Kind.GATHER): _gather_as_pieces,
             ("Slice", Kind.SLICE): _slice_as_pieces, ("Gemm", Kind.GEMM): _gemm_as_matmul,
-            ("Split", Kind.SPLIT): _split_sized, ("Pad", Kind.PAD): _pad_moded}
+            ("Split", Kind.SPLIT): _split_sized, ("Pad", Kind.PAD): _pad_moded,
+            **{(op, Kind.REDUCE): _reduced_with_a_unit_axis for op in ("ReduceSum", "ReduceMean")}}
