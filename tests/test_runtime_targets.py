@@ -470,7 +470,9 @@ def test_the_report_names_the_runtimes_and_the_silent_obstacles_of_the_default_f
     assert lines[1].startswith("for the others, --target portable (openvino, tract, reference), iree, tvm"), lines
     warnings = lines[2:]
     assert all(line.startswith("warning: ") for line in warnings), lines
-    assert {line.split(":")[1].strip().split(" ")[0] for line in warnings} == {"OpenVINO", "ONNX's", "IREE"}, lines
+    # ncnn (through pnnx, at any fixed shape) reduces nothing in the mask's ReduceSum of its time axis
+    assert {line.split(":")[1].strip().split(" ")[0] for line in warnings} == {"OpenVINO", "ONNX's", "IREE", "ncnn"}, \
+        lines
     iree = next(line for line in warnings if line.startswith("warning: IREE"))
     assert "sequence_lens" in iree and "silently wrong" in iree and "--target iree" in iree, lines
     tvm = next(line for line in report.runtime_notes if line.startswith("Apache TVM"))
