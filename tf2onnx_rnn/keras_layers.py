@@ -7,24 +7,29 @@ import hashlib
 import numpy as np
 
 
-def recurrent_layers(model) -> dict:
-    """The model's recurrent layers, nested models included, each with the name the report gives
-    it: its own, or that of the wrapper holding it (a Bidirectional, a TimeDistributed)."""
+def _layers_named(model) -> list:
+    """Every layer of the model, nested models' and wrapped layers' included, once each, with the name the report
+    gives it: its own, or that of the wrapper holding it (a Bidirectional, a TimeDistributed)."""
     found, owner, pending, seen = [], {}, list(getattr(model, "layers", [])), set()
     while pending:
         layer = pending.pop()
         if id(layer) in seen:
             continue
         seen.add(id(layer))
-        if hasattr(layer, "cell"):
-            found.append(layer)
+        found.append(layer)
         wrapped = [sub for sub in (getattr(layer, "forward_layer", None), getattr(layer, "backward_layer", None))
                    if sub is not None] or [sub for sub in [getattr(layer, "layer", None)] if hasattr(sub, "name")]
         for sub in wrapped:
             owner.setdefault(id(sub), owner.get(id(layer), layer.name))
         pending.extend(getattr(layer, "layers", []) or [])
         pending.extend(wrapped)
-    return {layer: owner.get(id(layer), layer.name) for layer in found}
+    return [(layer, owner.get(id(layer), layer.name)) for layer in found]
+
+
+def recurrent_layers(model) -> dict:
+    """The model's recurrent layers, nested models included, each with the name the report gives
+    it: its own, or that of the wrapper holding it (a Bidirectional, a TimeDistributed)."""
+    return {layer: name for layer, name in _layers_named(model) if hasattr(layer, "cell")}
 
 
 # the activations, by Keras's names, that ONNX's LSTM, GRU and RNN nodes compute (with alpha and beta where
@@ -54,15 +59,12 @@ def weight_key(value) -> str:
 
 
 def weight_owners(model) -> dict:
-    """:func:`weight_key` of each matrix weight (and of it transposed) -> the name of the model's layer holding it:
-    a layer of the model or of a model nested in it, its cells' and wrapped layers' weights included (a
+    """:func:`weight_key` of each matrix weight (and of it transposed) -> the report's name of the model's layer
+    holding it: a layer of the model or of a model nested in it, its cells' and wrapped layers' weights included (a
     Dense's kernel names the Dense; a recurrent cell's, its layer). What names a quantized layer in the report."""
     found: dict = {}
-    pending = [layer for layer in getattr(model, "layers", []) or []]
-    while pending:
-        layer = pending.pop()
-        if getattr(layer, "layers", None) and not hasattr(layer, "cell"):  # a nested model: its own layers
-            pending.extend(layer.layers)
+    for layer, name in _layers_named(model):
+        if getattr(layer, "layers", None) and not hasattr(layer, "cell"):  # a nested model: its layers are read
             continue
         try:
             weights = [np.asarray(w, np.float32) for w in layer.get_weights()]
@@ -70,8 +72,8 @@ def weight_owners(model) -> dict:
             continue
         for value in weights:
             if value.ndim == 2:
-                found.setdefault(weight_key(value), layer.name)
-                found.setdefault(weight_key(value.T), layer.name)
+                found.setdefault(weight_key(value), name)
+                found.setdefault(weight_key(value.T), name)
     return found
 
 
