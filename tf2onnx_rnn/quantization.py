@@ -210,8 +210,11 @@ def _named(model_proto: onnx.ModelProto, units: list, layer_names: dict, owners:
     or else the scope its node is in."""
     named = {}
     for unit in units:
+        if unit.name in layer_names:  # a recurrent node: its layer, its weights not read
+            named[unit.name] = layer_names[unit.name]
+            continue
         owner = next((owners[key] for key in (weight_key(_value(model_proto, w.name)) for w in unit.weights)
                       if key in owners), None) if owners else None
         parts = [p for p in unit.name.split("/") if p]
-        named[unit.name] = layer_names.get(unit.name) or owner or (parts[-2] if len(parts) > 2 else unit.name)
+        named[unit.name] = owner or (parts[-2] if len(parts) > 2 else unit.name)
     return named
